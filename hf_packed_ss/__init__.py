@@ -1,0 +1,27 @@
+"""hf_packed_ss: exact self-speculative decoding (Packed-SS and baselines) for transformers models
+with an AR mode and a masked-diffusion mode.
+
+Importing the package registers the bundled model formats with the Auto classes.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .generation import PackedSSGenerateOutput, enable
+from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+from .schedules import SCHEDULES
+from .stats import DecodingStats
+
+AutoConfig.register(NemotronLabsDiffusionConfig.model_type, NemotronLabsDiffusionConfig, exist_ok=True)
+AutoModel.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, exist_ok=True)
+AutoModelForCausalLM.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SCHEDULES",
+    "DecodingStats",
+    "NemotronLabsDiffusionConfig",
+    "NemotronLabsDiffusionModel",
+    "PackedSSGenerateOutput",
+    "enable",
+]

@@ -1,0 +1,190 @@
+"""The Hugging Face front: ``model.generate(..., assistant_mode=..., speculative_width=...)``.
+
+A thin shell: it resolves the `GenerationConfig`, validates the request once at the front door,
+and hands one sequence to the Runner. Without `assistant_mode` it is stock `generate`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.utils import ModelOutput
+
+from .layouts import NemotronLayout
+from .runner import Forward, run
+from .schedules import SCHEDULES
+from .stats import DecodingStats
+
+_UNSET = object()
+QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
+
+
+@dataclass
+class PackedSSGenerateOutput(ModelOutput):
+    """`generate(..., return_dict_in_generate=True)` output: `sequences` (prompt + continuation) and
+    `decoding_stats` (a `DecodingStats`)."""
+
+    sequences: torch.LongTensor | None = None
+    decoding_stats: DecodingStats | None = None
+
+
+def _cache_keyword(module: torch.nn.Module) -> str:
+    """transformers 5.24 renamed `past_key_values` to `cache`; accept either."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def model_forward(model: torch.nn.Module) -> Forward:
+    """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner."""
+    cache_kw = _cache_keyword(model)
+
+    def forward(input_ids, position_ids, attention_mask, cache, logit_rows):
+        out = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=True,
+            logits_to_keep=logit_rows,
+            **{cache_kw: cache},
+        )
+        return out.logits[0]
+
+    return forward
+
+
+def default_width(config, mode: str) -> int:
+    """Largest width the model's block size allows (W = B - 1); Quadratic-SS keeps the paper's B = 8."""
+    widest = config.block_size - 1
+    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" else widest
+
+
+def _reject(condition: bool, message: str) -> None:
+    if condition:
+        raise ValueError(message)
+
+
+def validate(model, mode: str, width, input_ids: torch.Tensor, config: GenerationConfig, extras: dict) -> int:
+    """Check a speculative request once; returns the speculative width to use."""
+    _reject(
+        mode not in SCHEDULES,
+        f"Unknown assistant_mode={mode!r}; choose one of {sorted(SCHEDULES)}, or leave it unset for stock generate.",
+    )
+    mask_token_id = getattr(model.config, "mask_token_id", None)
+    _reject(
+        mask_token_id is None,
+        f"{type(model).__name__} has no `config.mask_token_id`, so it has no diffusion mode to draft with. "
+        "Set the mask token id of its diffusion mode, or call generate without assistant_mode.",
+    )
+    block_size = getattr(model.config, "block_size", None)
+    _reject(not block_size or block_size < 2, "The model config needs `block_size` >= 2 (the diffusion block B).")
+    width = default_width(model.config, mode) if width is None else width
+    _reject(
+        isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= block_size - 1,
+        f"speculative_width={width!r} is out of range: use an integer in [1, {block_size - 1}] "
+        f"(block size B = W + 1 must not exceed the model's block_size={block_size}).",
+    )
+    _reject(input_ids.dim() != 2, f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
+    _reject(
+        input_ids.shape[0] != 1,
+        f"assistant_mode={mode!r} decodes one sequence at a time; got batch size {input_ids.shape[0]}. "
+        "Call generate once per prompt.",
+    )
+    _reject(input_ids.shape[1] == 0, "The prompt is empty: pass at least one token (e.g. the BOS token).")
+    _reject(config.do_sample, "do_sample=True is not supported with assistant_mode yet; use greedy decoding.")
+    _reject(
+        config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
+        "assistant_mode decodes one greedy sequence: num_beams and num_return_sequences must be 1.",
+    )
+    mask = extras.pop("attention_mask", None)
+    _reject(
+        mask is not None and not bool(mask.all()),
+        "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
+    )
+    for name in ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn"):
+        _reject(
+            extras.get(name) is not None,
+            f"`{name}` is not supported with assistant_mode yet; drop assistant_mode to use it with stock generate.",
+        )
+    _reject(
+        config.stop_strings is not None,
+        "stop_strings is not supported with assistant_mode yet; use eos_token_id or stock generate.",
+    )
+    processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=input_ids.shape[1])
+    _reject(
+        len(processors) > 0,
+        "Generation options that change the greedy scores "
+        f"({', '.join(type(p).__name__ for p in processors)}) are not supported with assistant_mode yet.",
+    )
+    leftover = {k for k, v in extras.items() if v is not None and k not in ("logits_processor", "stopping_criteria",
+                                                                           "streamer", "prefix_allowed_tokens_fn")}
+    _reject(bool(leftover), f"Unused generate arguments with assistant_mode: {sorted(leftover)}.")
+    return width
+
+
+def speculative_generate(model, stock_generate, inputs=None, generation_config=None, **kwargs):
+    """`generate` with the `assistant_mode` / `speculative_width` fields; stock `generate` otherwise."""
+    base = generation_config if generation_config is not None else model.generation_config
+    mode = kwargs.pop("assistant_mode", _UNSET)
+    width = kwargs.pop("speculative_width", _UNSET)
+    mode = getattr(base, "assistant_mode", None) if mode is _UNSET else mode
+    width = getattr(base, "speculative_width", None) if width is _UNSET else width
+    if mode is None:
+        return stock_generate(inputs, generation_config, **kwargs)
+
+    input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+    _reject(input_ids is None, "Pass the prompt ids as the first argument or as input_ids=.")
+    max_new = kwargs.get("max_new_tokens")
+    _reject(max_new is not None and max_new < 0, f"max_new_tokens={max_new} must be >= 0.")
+    extras = {k: kwargs.pop(k) for k in ("logits_processor", "stopping_criteria", "streamer",
+                                         "prefix_allowed_tokens_fn") if k in kwargs}
+    config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    model_kwargs.update(extras)
+    width = validate(model, mode, width, input_ids, config, model_kwargs)
+
+    prompt_len = input_ids.shape[1]
+    max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
+    eos = config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    schedule = SCHEDULES[mode](width)
+    with torch.no_grad():
+        sequence, stats = run(
+            model_forward(model),
+            schedule,
+            NemotronLayout(model.config.mask_token_id),
+            input_ids[0],
+            max(0, max_new),
+            eos,
+        )
+    sequences = sequence[None]
+    if config.return_dict_in_generate:
+        return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats)
+    return sequences
+
+
+class SpeculativeGenerationMixin:
+    """Gives a model class the `assistant_mode` front; put it before `GenerationMixin`."""
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        return speculative_generate(self, super().generate, inputs, generation_config, **kwargs)
+
+
+def enable(model):
+    """Give `model` (e.g. a released checkpoint loaded with remote code) the `assistant_mode` front.
+
+    Returns the same model. The model's original `generate` stays reachable as `model.stock_generate`
+    and is what runs when `assistant_mode` is not set.
+    """
+    if getattr(model, "_hf_packed_ss_enabled", False):
+        return model
+    original = model.generate
+    model.stock_generate = original
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        return speculative_generate(self, original, inputs, generation_config, **kwargs)
+
+    model.generate = types.MethodType(generate, model)
+    model._hf_packed_ss_enabled = True
+    return model

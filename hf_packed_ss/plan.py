@@ -1,0 +1,65 @@
+"""The contract between a Schedule (what to ask) and a Layout (how to ask one model family).
+
+A schedule speaks in positions after the verified prefix P; a layout turns that into rows, position
+ids and a 4D mask. Neither sees the other's internals (DESIGN.md, "four parts with one job each").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Ask the drafter (diffusion mode) for ``length`` tokens following a context.
+
+    The context is the verified prefix P plus the first ``branch`` draft tokens of this call
+    (Quadratic-SS asks one branch per acceptance count; Packed-SS and Linear-SS only branch 0).
+    ``anchored`` picks the Nemotron block form: ``[last context token, MASK x length]`` with the
+    context's last token repeated inside the bidirectional block (paper appendix D.1), or
+    ``[MASK x length]`` right after the causally encoded context (appendix E.2 initial call;
+    Quadratic-SS branches).
+    """
+
+    branch: int
+    length: int
+    anchored: bool = True
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One model call.
+
+    Attributes:
+        draft: draft tokens to verify, as a 1D LongTensor (positions 1..k after P).
+        verify: whether the call has verifier rows (False only for Linear-SS's drafting call).
+        draft_slots: physical draft slots in the verifier block (>= len(draft)); the excess is
+            MASK padding that keeps shapes static and can never extend acceptance.
+        proposals: drafting queries answered in the same call.
+    """
+
+    draft: torch.Tensor
+    verify: bool = True
+    draft_slots: int = 0
+    proposals: tuple[Proposal, ...] = ()
+
+    @property
+    def n_draft(self) -> int:
+        return int(self.draft.numel())
+
+
+@dataclass
+class CallResult:
+    """What a call returns, already mapped back to positions after P.
+
+    Attributes:
+        verifier: ``(n_draft + 1, V)`` AR logits; row i scores the token at draft position i + 1
+            given P and the draft tokens before it (the last row is the bonus position), or None.
+        proposals: one ``(length, V)`` tensor of drafter logits per requested proposal, row j
+            scoring position ``branch + 1 + j`` after P.
+    """
+
+    verifier: torch.Tensor | None
+    proposals: list[torch.Tensor] = field(default_factory=list)

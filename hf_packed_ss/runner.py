@@ -1,0 +1,81 @@
+"""The Runner: the one decoding loop that drives every schedule on every layout.
+
+It owns the verified prefix P and the KV cache, calls the model, commits the cache (P minus its last
+token after every call, appendix D.1), stops exactly at the first accepted EOS or at
+``max_new_tokens`` even inside a block (Algorithm 1, lines 7-8), and counts NFE, rows and time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+from transformers import DynamicCache
+
+from .layouts.nemotron import NemotronLayout
+from .schedules.base import Schedule
+from .stats import DecodingStats
+
+# forward(input_ids, position_ids, attention_mask, cache, logit_rows) -> (r, V) logits of the kept rows
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor], torch.Tensor]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stop_index(tokens: list[int], eos: frozenset[int], remaining: int) -> int:
+    """Algorithm 1, line 7: a = min(A, L - emitted, first EOS index)."""
+    for i, tok in enumerate(tokens[:remaining]):
+        if tok in eos:
+            return i + 1
+    return min(len(tokens), remaining)
+
+
+def run(
+    forward: Forward,
+    schedule: Schedule,
+    layout: NemotronLayout,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    cache: DynamicCache | None = None,
+) -> tuple[torch.Tensor, DecodingStats]:
+    """Decode one sequence. `prompt` is a 1D LongTensor; returns (P_final as 1D tensor, stats)."""
+    eos = frozenset(int(e) for e in eos_token_ids)
+    stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
+    device = prompt.device
+    prefix = prompt
+    cache = DynamicCache() if cache is None else cache
+    cache_len = 0
+    start = time.perf_counter()
+    _sync(device)
+    while stats.new_tokens < max_new_tokens:
+        plan = schedule.plan()
+        call = layout.build(plan, prefix, cache_len)
+        tic = time.perf_counter()
+        logits = forward(call.input_ids, call.position_ids, call.attention_mask, cache, call.logit_rows)
+        _sync(device)
+        stats.model_time_s += time.perf_counter() - tic
+        stats.nfe += 1
+        stats.rows_per_call.append(call.rows)
+
+        accepted = schedule.advance(plan, call.read(logits))
+        n_draft_accepted = None if accepted is None else accepted.numel() - 1
+        keep = call.rows_to_cache(n_draft_accepted)
+        cache.crop(keep - call.rows)
+        cache_len += keep
+        if accepted is None:
+            continue
+        tokens = accepted.tolist()
+        a = _stop_index(tokens, eos, max_new_tokens - stats.new_tokens)
+        prefix = torch.cat([prefix, accepted[:a].to(device)])
+        stats.new_tokens += a
+        stats.accepted_per_iteration.append(a)
+        if a < len(tokens) or tokens[a - 1] in eos:
+            break
+    _sync(device)
+    stats.decoder_time_s = time.perf_counter() - start
+    return prefix, stats

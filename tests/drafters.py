@@ -1,0 +1,42 @@
+"""Test drafters: a layout wrapper whose proposal predictions come from a known continuation, right
+with a chosen probability. The engine must stay exact whatever the drafter says; a good drafter makes
+it take the long-acceptance and mid-block-EOS paths that a random model's drafter never reaches."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_packed_ss.layouts import NemotronLayout
+from hf_packed_ss.plan import CallResult
+
+
+class OracleLayout(NemotronLayout):
+    """Replaces the drafter logits of every proposal by a one-hot on `continuation[pos - start]`
+    (probability `accuracy`) or on a random token; verifier logits are the model's own."""
+
+    def __init__(self, mask_token_id: int, vocab: int, continuation: list[int], start: int, accuracy: float, seed=0):
+        super().__init__(mask_token_id)
+        self.vocab, self.continuation, self.start, self.accuracy = vocab, continuation, start, accuracy
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def _token(self, position: int) -> int:
+        k = position - self.start
+        if 0 <= k < len(self.continuation) and torch.rand((), generator=self.gen) < self.accuracy:
+            return self.continuation[k]
+        return int(torch.randint(self.vocab, (), generator=self.gen))
+
+    def build(self, plan, prefix, cache_len):
+        call = super().build(plan, prefix, cache_len)
+        read, n = call.read, prefix.numel()
+
+        def oracle_read(logits: torch.Tensor) -> CallResult:
+            result = read(logits)
+            for proposal, block in zip(plan.proposals, result.proposals):
+                fake = torch.full_like(block, -1.0)
+                for j in range(block.shape[0]):
+                    fake[j, self._token(n + proposal.branch + j)] = 1.0
+                block.copy_(fake)
+            return result
+
+        call.read = oracle_read
+        return call
