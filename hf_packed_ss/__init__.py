@@ -6,8 +6,9 @@ Importing the package registers the bundled model formats with the Auto classes.
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .generation import PackedSSGenerateOutput, enable
+from .generation import PackedSSGenerateOutput
 from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+from .models.release import disable, enable
 from .schedules import SCHEDULES
 from .stats import DecodingStats
 
@@ -23,5 +24,6 @@ __all__ = [
     "NemotronLabsDiffusionConfig",
     "NemotronLabsDiffusionModel",
     "PackedSSGenerateOutput",
+    "disable",
     "enable",
 ]

@@ -7,7 +7,6 @@ and hands one sequence to the Runner. Without `assistant_mode` it is stock `gene
 from __future__ import annotations
 
 import inspect
-import types
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +18,7 @@ from .runner import Forward, run
 from .schedules import SCHEDULES
 from .stats import DecodingStats
 
-_UNSET = object()
+_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn")
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
 
 
@@ -66,8 +65,9 @@ def _reject(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def validate(model, mode: str, width, input_ids: torch.Tensor, config: GenerationConfig, extras: dict) -> int:
-    """Check a speculative request once; returns the speculative width to use."""
+def validate(model, mode: str, width, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
+             hooks: dict) -> int:
+    """Check a speculative request once, at the front door; returns the speculative width to use."""
     _reject(
         mode not in SCHEDULES,
         f"Unknown assistant_mode={mode!r}; choose one of {sorted(SCHEDULES)}, or leave it unset for stock generate.",
@@ -98,14 +98,14 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
         config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
         "assistant_mode decodes one greedy sequence: num_beams and num_return_sequences must be 1.",
     )
-    mask = extras.pop("attention_mask", None)
+    mask = model_kwargs.pop("attention_mask", None)
     _reject(
         mask is not None and not bool(mask.all()),
         "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
     )
-    for name in ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn"):
+    for name in _HOOKS:
         _reject(
-            extras.get(name) is not None,
+            hooks.get(name) is not None,
             f"`{name}` is not supported with assistant_mode yet; drop assistant_mode to use it with stock generate.",
         )
     _reject(
@@ -118,41 +118,43 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
         "Generation options that change the greedy scores "
         f"({', '.join(type(p).__name__ for p in processors)}) are not supported with assistant_mode yet.",
     )
-    leftover = {k for k, v in extras.items() if v is not None and k not in ("logits_processor", "stopping_criteria",
-                                                                           "streamer", "prefix_allowed_tokens_fn")}
-    _reject(bool(leftover), f"Unused generate arguments with assistant_mode: {sorted(leftover)}.")
+    unused = sorted(k for k, v in model_kwargs.items() if v is not None and k != "use_cache")
+    _reject(bool(unused), f"generate arguments not used by assistant_mode: {unused}.")
     return width
 
 
-def speculative_generate(model, stock_generate, inputs=None, generation_config=None, **kwargs):
-    """`generate` with the `assistant_mode` / `speculative_width` fields; stock `generate` otherwise."""
-    base = generation_config if generation_config is not None else model.generation_config
-    mode = kwargs.pop("assistant_mode", _UNSET)
-    width = kwargs.pop("speculative_width", _UNSET)
-    mode = getattr(base, "assistant_mode", None) if mode is _UNSET else mode
-    width = getattr(base, "speculative_width", None) if width is _UNSET else width
-    if mode is None:
-        return stock_generate(inputs, generation_config, **kwargs)
+def speculative_generate(model, stock_generate, *args, **kwargs):
+    """`generate` with the `assistant_mode` / `speculative_width` fields; `stock_generate` untouched otherwise.
 
+    Precedence: explicit kwargs > the `generation_config` passed > `model.generation_config`.
+    """
+    generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    base = generation_config if generation_config is not None else model.generation_config
+    mode = kwargs.pop("assistant_mode", getattr(base, "assistant_mode", None))
+    width = kwargs.pop("speculative_width", getattr(base, "speculative_width", None))
+    if mode is None:
+        return stock_generate(*args, **kwargs)
+
+    _reject(len(args) > 2, "Pass generate options other than the prompt and generation_config as keywords.")
+    inputs = args[0] if args else kwargs.pop("inputs", None)
+    kwargs.pop("generation_config", None)
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     _reject(input_ids is None, "Pass the prompt ids as the first argument or as input_ids=.")
-    max_new = kwargs.get("max_new_tokens")
+    max_new = kwargs.pop("max_new_tokens", None)  # popped: GenerationConfig rejects 0, which we allow
     _reject(max_new is not None and max_new < 0, f"max_new_tokens={max_new} must be >= 0.")
-    extras = {k: kwargs.pop(k) for k in ("logits_processor", "stopping_criteria", "streamer",
-                                         "prefix_allowed_tokens_fn") if k in kwargs}
+    hooks = {k: kwargs.pop(k) for k in _HOOKS if k in kwargs}
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
-    model_kwargs.update(extras)
-    width = validate(model, mode, width, input_ids, config, model_kwargs)
+    width = validate(model, mode, width, input_ids, config, model_kwargs, hooks)
 
     prompt_len = input_ids.shape[1]
-    max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
+    if max_new is None:
+        max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
     eos = config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    schedule = SCHEDULES[mode](width)
     with torch.no_grad():
         sequence, stats = run(
-            model_forward(model),
-            schedule,
+            model_forward(getattr(model, "_hf_packed_ss_twin", model)),
+            SCHEDULES[mode](width),
             NemotronLayout(model.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
@@ -167,24 +169,5 @@ def speculative_generate(model, stock_generate, inputs=None, generation_config=N
 class SpeculativeGenerationMixin:
     """Gives a model class the `assistant_mode` front; put it before `GenerationMixin`."""
 
-    def generate(self, inputs=None, generation_config=None, **kwargs):
-        return speculative_generate(self, super().generate, inputs, generation_config, **kwargs)
-
-
-def enable(model):
-    """Give `model` (e.g. a released checkpoint loaded with remote code) the `assistant_mode` front.
-
-    Returns the same model. The model's original `generate` stays reachable as `model.stock_generate`
-    and is what runs when `assistant_mode` is not set.
-    """
-    if getattr(model, "_hf_packed_ss_enabled", False):
-        return model
-    original = model.generate
-    model.stock_generate = original
-
-    def generate(self, inputs=None, generation_config=None, **kwargs):
-        return speculative_generate(self, original, inputs, generation_config, **kwargs)
-
-    model.generate = types.MethodType(generate, model)
-    model._hf_packed_ss_enabled = True
-    return model
+    def generate(self, *args, **kwargs):
+        return speculative_generate(self, super().generate, *args, **kwargs)

@@ -31,7 +31,7 @@ class OracleLayout(NemotronLayout):
 
         def oracle_read(logits: torch.Tensor) -> CallResult:
             result = read(logits)
-            for proposal, block in zip(plan.proposals, result.proposals):
+            for proposal, block in zip(plan.proposals, result.proposals, strict=True):
                 fake = torch.full_like(block, -1.0)
                 for j in range(block.shape[0]):
                     fake[j, self._token(n + proposal.branch + j)] = 1.0

@@ -30,16 +30,24 @@ def _decode(model, mode, width, prompt, max_new, eos=(), layout=None):
 @pytest.mark.parametrize("mode", SPECULATIVE)
 @pytest.mark.parametrize("width", WIDTHS)
 def test_generate_matches_reference_on_random_models(models, mode, width):
-    """Through model.generate, several seeds and prompt lengths, every max_new_tokens of the issue."""
-    for seed, model in models.items():
-        for length in (1, 5, 17):
-            prompt = _prompt(seed * 7 + length, length, model.config.vocab_size)
-            full = reference_greedy(model, prompt, 100)
-            for max_new in sorted({1, 2, width, width + 1, 3 * width + 2, 100}):
-                out = model.generate(prompt[None], assistant_mode=mode, speculative_width=width,
-                                     max_new_tokens=max_new)
-                assert out[0, :length].tolist() == prompt.tolist()
-                assert out[0, length:].tolist() == full[:max_new], (seed, length, max_new)
+    """Through model.generate: three models, prompts of 1, 5 and 17 tokens, every max_new_tokens of the issue."""
+    for (seed, model), length in zip(models.items(), (1, 5, 17), strict=True):
+        prompt = _prompt(seed * 7 + length, length, model.config.vocab_size)
+        full = _reference(model, seed, length)
+        for max_new in sorted({1, 2, width, width + 1, 3 * width + 2, 100}):
+            out = model.generate(prompt[None], assistant_mode=mode, speculative_width=width, max_new_tokens=max_new)
+            assert out[0, :length].tolist() == prompt.tolist()
+            assert out[0, length:].tolist() == full[:max_new], (seed, length, max_new)
+
+
+_REFERENCES: dict = {}
+
+
+def _reference(model, seed: int, length: int) -> list[int]:
+    key = (seed, length)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference_greedy(model, _prompt(seed * 7 + length, length, model.config.vocab_size), 100)
+    return _REFERENCES[key]
 
 
 @pytest.mark.parametrize("mode", ["ar", *SPECULATIVE])
@@ -87,3 +95,18 @@ def test_mask_token_as_an_ordinary_output():
             oracle = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, prompt.numel(), 0.8, 1)
             assert _decode(model, mode, width, prompt, 40, (), oracle)[0] == full
             assert _decode(model, mode, width, prompt, 40)[0] == full
+
+
+@pytest.mark.parametrize("mode", SPECULATIVE)
+def test_many_seeds_small_widths(mode):
+    """Twenty more random models, random widths, lengths and EOS, with a drafter right 70% of the time."""
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        model = tiny_model(100 + seed, num_hidden_layers=1)
+        width = int(torch.randint(1, 9, (), generator=gen))
+        prompt = _prompt(seed, int(torch.randint(1, 12, (), generator=gen)), model.config.vocab_size)
+        full = reference_greedy(model, prompt, 40)
+        eos = [full[int(torch.randint(0, 40, (), generator=gen))]] if seed % 2 else []
+        expected = reference_greedy(model, prompt, 40, set(eos))
+        oracle = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, prompt.numel(), 0.7, seed)
+        assert _decode(model, mode, width, prompt, 40, eos, oracle)[0] == expected

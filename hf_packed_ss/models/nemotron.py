@@ -33,8 +33,9 @@ class NemotronLabsDiffusionConfig(Ministral3Config):
     mask_token_id: int | None = 100
     block_size: int = 32
     dlm_paradigm: str = "bidirectional"
-    dlm_loss_weight: float = 1.0
+    dlm_loss_weight: float | None = None
     ar_loss_weight: float = 1.0
+    dp_varying_mask_ratio: bool = False
 
 
 class NemotronLabsDiffusionModel(SpeculativeGenerationMixin, PreTrainedModel, GenerationMixin):
@@ -112,3 +113,4 @@ def _for_attention_backend(mask: torch.Tensor, config, dtype: torch.dtype) -> to
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     return mask
+

@@ -1,0 +1,169 @@
+"""The Hugging Face front: generate kwargs and GenerationConfig fields, statistics, bad input,
+Auto-class registration with offline save/load, and `enable` on a model of the released structure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import reference_greedy, tiny_config, tiny_model
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    Ministral3Model,
+    PreTrainedModel,
+)
+
+import hf_packed_ss
+from hf_packed_ss import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(3)
+
+
+PROMPT = torch.tensor([[5, 9, 2, 7]])
+
+
+def test_generate_returns_prompt_plus_continuation_and_stats(model):
+    ref = reference_greedy(model, PROMPT[0], 12)
+    out = model.generate(PROMPT, assistant_mode="packed_ss", speculative_width=4, max_new_tokens=12,
+                         return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 4 + 12) and out.sequences[0, 4:].tolist() == ref
+    s = out.decoding_stats
+    assert s.schedule == "packed_ss" and s.width == 4 and s.new_tokens == 12
+    assert s.nfe == len(s.rows_per_call) and sum(s.accepted_per_iteration) == 12
+    assert 0 < s.model_time_s <= s.decoder_time_s
+    stock = model.generate(PROMPT, max_new_tokens=12, do_sample=False)
+    assert torch.equal(stock, out.sequences)
+
+
+def test_generation_config_fields_and_precedence(model):
+    config = GenerationConfig(assistant_mode="linear_ss", speculative_width=3, max_new_tokens=6,
+                              return_dict_in_generate=True)
+    out = model.generate(PROMPT, generation_config=config)
+    assert out.decoding_stats.schedule == "linear_ss" and out.decoding_stats.width == 3
+    out = model.generate(PROMPT, generation_config=config, assistant_mode="quadratic_ss", speculative_width=2)
+    assert out.decoding_stats.schedule == "quadratic_ss" and out.decoding_stats.width == 2
+    # the model's own generation config is the last fallback
+    model.generation_config.assistant_mode = "packed_ss"
+    try:
+        out = model.generate(PROMPT, max_new_tokens=5, return_dict_in_generate=True)
+        assert out.decoding_stats.schedule == "packed_ss"
+        stock = model.generate(PROMPT, max_new_tokens=5, assistant_mode=None, return_dict_in_generate=True)
+        assert not hasattr(stock, "decoding_stats") and torch.equal(stock.sequences, out.sequences)
+    finally:
+        del model.generation_config.assistant_mode
+
+
+def test_default_length_follows_generation_config(model):
+    out = model.generate(PROMPT, assistant_mode="packed_ss", max_length=9)
+    assert out.shape == (1, 9)
+
+
+def test_max_new_tokens_zero_returns_prompt(model):
+    out = model.generate(PROMPT, assistant_mode="packed_ss", max_new_tokens=0, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, PROMPT) and out.decoding_stats.nfe == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(assistant_mode="cubic_ss"), "Unknown assistant_mode"),
+        (dict(speculative_width=0), "out of range"),
+        (dict(speculative_width=32), "out of range"),
+        (dict(speculative_width=2.5), "out of range"),
+        (dict(max_new_tokens=-1), "must be >= 0"),
+        (dict(do_sample=True), "do_sample"),
+        (dict(num_beams=2), "num_beams"),
+        (dict(repetition_penalty=1.3), "RepetitionPenalty"),
+        (dict(stop_strings=["x"]), "stop_strings"),
+        (dict(attention_mask=torch.tensor([[0, 1, 1, 1]])), "padding"),
+    ],
+)
+def test_bad_input_raises_clear_value_error(model, kwargs, message):
+    kwargs = {"assistant_mode": "packed_ss", "max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        model.generate(PROMPT, **kwargs)
+
+
+def test_batch_and_empty_prompt_rejected(model):
+    with pytest.raises(ValueError, match="batch size 2"):
+        model.generate(PROMPT.repeat(2, 1), assistant_mode="packed_ss", max_new_tokens=3)
+    with pytest.raises(ValueError, match="empty"):
+        model.generate(PROMPT[:, :0], assistant_mode="ar", max_new_tokens=3)
+
+
+def test_model_without_mask_token_rejected():
+    model = tiny_model(0, mask_token_id=None)
+    with pytest.raises(ValueError, match="mask_token_id"):
+        model.generate(PROMPT, assistant_mode="packed_ss", max_new_tokens=3)
+
+
+def test_auto_classes_and_offline_round_trip(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(config, NemotronLabsDiffusionConfig) and config.model_type == "nemotron_labs_diffusion"
+    assert (config.mask_token_id, config.block_size, config.dlm_paradigm) == (47, 32, "bidirectional")
+    for auto in (AutoModel, AutoModelForCausalLM):
+        loaded = auto.from_pretrained(tmp_path, dtype=torch.float64)
+        assert isinstance(loaded, NemotronLabsDiffusionModel)
+        assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
+    keys = set(loaded.state_dict())
+    assert {"encoder.embed_tokens.weight", "diffusion_head.weight", "encoder.norm.weight"} <= keys
+    assert not any(k.startswith("lm_head") for k in keys)
+
+
+def test_plain_forward_is_causal_next_token(model):
+    """Row i of model(input_ids).logits depends only on tokens <= i (the AR convention)."""
+    a, b = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 2, 3, 9, 9]])
+    la, lb = model(a).logits, model(b).logits
+    assert torch.equal(la[0, :3], lb[0, :3]) and not torch.allclose(la[0, 3], lb[0, 3])
+
+
+class ReleasedLikeModel(PreTrainedModel, GenerationMixin):
+    """Stands in for the remote-code class of the release: same structure and state-dict names, a plain
+    forward in *diffusion* (bidirectional) mode, and its own `generate(prompt_ids, ...)` signature."""
+
+    config_class = NemotronLabsDiffusionConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.encoder = Ministral3Model(config)
+        self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids, **kwargs):
+        n = input_ids.shape[1]
+        everything = torch.ones(1, 1, n, n, dtype=torch.bool)
+        return self.diffusion_head(self.encoder(input_ids, attention_mask=everything).last_hidden_state)
+
+    def generate(self, prompt_ids, max_new_tokens=8, block_length=4):
+        return prompt_ids, 0  # the release returns (output_ids, nfe)
+
+
+def test_enable_on_released_structure():
+    torch.manual_seed(0)
+    released = ReleasedLikeModel(tiny_config()).to(torch.float64).eval()
+    ours = NemotronLabsDiffusionModel(tiny_config()).to(torch.float64).eval()
+    ours.load_state_dict(released.state_dict())
+    ref = reference_greedy(ours, PROMPT[0], 20)
+    hf_packed_ss.enable(released)
+    for mode in ("ar", "linear_ss", "quadratic_ss", "packed_ss"):
+        out = released.generate(PROMPT, assistant_mode=mode, speculative_width=5, max_new_tokens=20)
+        assert out[0, 4:].tolist() == ref
+    twin = released._hf_packed_ss_twin
+    assert twin.diffusion_head.weight.data_ptr() == released.diffusion_head.weight.data_ptr()  # no copy
+    assert released.generate(PROMPT, max_new_tokens=3, block_length=2) == (PROMPT, 0)  # its own generate
+    hf_packed_ss.disable(released)
+    with pytest.raises(TypeError):
+        released.generate(PROMPT, assistant_mode="packed_ss")
+
+
+def test_enable_rejects_other_structures():
+    with pytest.raises(ValueError, match="diffusion_head"):
+        hf_packed_ss.enable(nn.Linear(2, 2))

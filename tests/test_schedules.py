@@ -1,0 +1,136 @@
+"""Schedule properties read from the statistics: rows per call (appendix D.3) and Theorem 3.2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+from drafters import OracleLayout
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_packed_ss.layouts import NemotronLayout
+from hf_packed_ss.plan import CallResult
+from hf_packed_ss.runner import run
+from hf_packed_ss.schedules import SCHEDULES
+
+
+@pytest.mark.parametrize("width", [1, 3, 7])
+def test_rows_per_call(width):
+    model = tiny_model(0)
+    prompt = torch.arange(5)
+    B = width + 1
+    for mode in SCHEDULES:
+        out = model.generate(prompt[None], assistant_mode=mode, speculative_width=width, max_new_tokens=30,
+                             return_dict_in_generate=True)
+        rows, stats = out.decoding_stats.rows_per_call, out.decoding_stats
+        assert stats.nfe == len(rows) and stats.new_tokens == 30
+        if mode in ("ar", "linear_ss"):
+            assert rows[0] == prompt.numel()  # prefill emits the first token
+        else:
+            assert rows[0] == prompt.numel() + B  # prompt + W + 1 masks (appendix E.2)
+        later = rows[1:]
+        if mode == "ar":
+            assert set(later) == {1}
+        elif mode == "linear_ss":  # two calls of B rows per iteration: 2B
+            assert set(later) == {B} and len(later) == 2 * (len(stats.accepted_per_iteration) - 1)
+        elif mode == "packed_ss":  # one call of at most 2B rows per iteration
+            assert max(later) <= 2 * B and len(later) == len(stats.accepted_per_iteration) - 1
+        else:  # quadratic_ss: one call of B(B + 1) rows
+            assert set(later) == {B * (B + 1)} and len(later) == len(stats.accepted_per_iteration) - 1
+
+
+class _Null:
+    """A forward that returns zeros: the threshold layout below supplies every prediction."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def __call__(self, input_ids, position_ids, attention_mask, cache, logit_rows):
+        return torch.zeros(logit_rows.numel(), self.vocab)
+
+
+class ThresholdLayout(NemotronLayout):
+    """A synthetic model satisfying Assumption 3.1: the verifier's greedy continuation is `target`;
+    the drafter's prediction at output position k, from a context of c verified output tokens, is
+    right exactly when c >= thresholds[k]."""
+
+    def __init__(self, target, thresholds, prompt_len, vocab):
+        super().__init__(mask_token_id=vocab - 1)
+        self.target, self.thresholds, self.prompt_len, self.vocab = target, thresholds, prompt_len, vocab
+
+    def _onehot(self, tokens):
+        out = torch.zeros(len(tokens), self.vocab)
+        out[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+        return out
+
+    def build(self, plan, prefix, cache_len):
+        call = super().build(plan, prefix, cache_len)
+        done = prefix.numel() - self.prompt_len  # verified output tokens before this call
+        L = len(self.target)
+
+        def tok(k):  # target token at 1-indexed output position k (anything past the end)
+            return self.target[k - 1] if k <= L else 0
+
+        def read(_logits):
+            verifier = self._onehot([tok(done + i) for i in range(1, plan.n_draft + 2)]) if plan.verify else None
+            proposals = []
+            for p in plan.proposals:
+                c = done + p.branch
+                ks = [c + 1 + j for j in range(p.length)]
+                right = [k > L or c >= self.thresholds[k - 1] for k in ks]
+                proposals.append(self._onehot([tok(k) if ok else (tok(k) + 1) % (self.vocab - 1)
+                                               for k, ok in zip(ks, right, strict=True)]))
+            return CallResult(verifier=verifier, proposals=proposals)
+
+        call.read = read
+        return call
+
+
+@st.composite
+def _threshold_tables(draw):
+    length = draw(st.integers(1, 40))
+    thresholds = [draw(st.integers(0, k)) for k in range(1, length + 1)]  # c*_k <= k
+    target = draw(st.lists(st.integers(0, 9), min_size=length, max_size=length))
+    return target, thresholds
+
+
+@settings(max_examples=300, deadline=None)
+@given(table=_threshold_tables(), width=st.integers(1, 10))
+def test_theorem_3_2_packed_never_needs_more_calls_than_linear(table, width):
+    target, thresholds = table
+    prompt = torch.tensor([3, 1, 4])
+    nfe = {}
+    for mode in ("linear_ss", "packed_ss"):
+        for L in range(1, len(target) + 1):
+            layout = ThresholdLayout(target, thresholds, prompt.numel(), vocab=12)
+            seq, stats = run(_Null(12), SCHEDULES[mode](width), layout, prompt, L)
+            assert seq[prompt.numel():].tolist() == target[:L]
+            nfe[mode, L] = stats.nfe
+    for L in range(1, len(target) + 1):
+        assert nfe["packed_ss", L] <= nfe["linear_ss", L], (L, nfe)
+
+
+def test_theorem_check_has_power():
+    """The same comparison catches a schedule that wastes calls: a Packed-SS variant that keeps only
+    one retained draft token needs more calls than Linear-SS on some threshold tables."""
+
+    class ShortSightedPacked(SCHEDULES["packed_ss"]):
+        def advance(self, plan, result):
+            accepted = super().advance(plan, result)
+            self.draft = self.draft[:1]
+            return accepted
+
+    prompt = torch.tensor([3, 1, 4])
+    worse = 0
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        target = torch.randint(0, 10, (30,), generator=g).tolist()
+        thresholds = [max(0, k - 8) for k in range(1, 31)]  # right from 8 tokens back
+        runs = {}
+        for name, schedule in (("linear", SCHEDULES["linear_ss"](6)), ("short", ShortSightedPacked(6))):
+            seq, stats = run(_Null(12), schedule, ThresholdLayout(target, thresholds, 3, 12), prompt, 30)
+            assert seq[3:].tolist() == target  # still exact: only the speed suffers
+            runs[name] = stats.nfe
+        worse += runs["short"] > runs["linear"]
+    assert worse > 0
