@@ -3,11 +3,17 @@ written independently of the Runner (full causal forward per step, no cache)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import hf_packed_ss  # noqa: F401  (registers the Auto classes)
 from hf_packed_ss import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+from hf_packed_ss.bundled import yarn_rope
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one worker per core; oversubscribed OpenMP threads spin and crawl
 
 VOCAB = 48
 MASK = VOCAB - 1
@@ -25,6 +31,7 @@ def tiny_config(**overrides) -> NemotronLabsDiffusionConfig:
         mask_token_id=MASK,
         block_size=32,
         max_position_embeddings=4096,
+        rope_parameters=yarn_rope(4096),
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,

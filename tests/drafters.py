@@ -19,11 +19,13 @@ class OracleLayout(NemotronLayout):
         self.vocab, self.continuation, self.start, self.accuracy = vocab, continuation, start, accuracy
         self.gen = torch.Generator().manual_seed(seed)
 
-    def _token(self, position: int) -> int:
-        k = position - self.start
-        if 0 <= k < len(self.continuation) and torch.rand((), generator=self.gen) < self.accuracy:
-            return self.continuation[k]
-        return int(torch.randint(self.vocab, (), generator=self.gen))
+    def _tokens(self, positions: torch.Tensor) -> torch.Tensor:
+        k = positions - self.start
+        known = (k >= 0) & (k < len(self.continuation))
+        right = known & (torch.rand(k.shape, generator=self.gen) < self.accuracy)
+        noise = torch.randint(self.vocab, k.shape, generator=self.gen)
+        truth = torch.tensor(self.continuation + [0])[k.clamp(0, len(self.continuation))]
+        return torch.where(right, truth, noise)
 
     def build(self, plan, prefix, cache_len):
         call = super().build(plan, prefix, cache_len)
@@ -32,10 +34,9 @@ class OracleLayout(NemotronLayout):
         def oracle_read(logits: torch.Tensor) -> CallResult:
             result = read(logits)
             for proposal, block in zip(plan.proposals, result.proposals, strict=True):
-                fake = torch.full_like(block, -1.0)
-                for j in range(block.shape[0]):
-                    fake[j, self._token(n + proposal.branch + j)] = 1.0
-                block.copy_(fake)
+                tokens = self._tokens(n + proposal.branch + torch.arange(block.shape[0]))
+                block.fill_(-1.0)
+                block[torch.arange(block.shape[0]), tokens] = 1.0
             return result
 
         call.read = oracle_read

@@ -1,0 +1,94 @@
+"""Checkpoints that ship inside the package, loadable offline.
+
+`names()` lists them; `load(name)` returns `(model, tokenizer)` with the `assistant_mode` front.
+`tiny-nemotron-random` is a randomly initialised model of the Nemotron-Labs-Diffusion format with a
+byte-level BPE tokenizer trained on GSM8K (MIT licence); it exercises every code path, but its text
+is noise and its drafts are rarely accepted. `python -m hf_packed_ss.bundled` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+
+HERE = Path(__file__).parent
+RANDOM = "tiny-nemotron-random"
+MASK_TOKEN, EOS_TOKEN = "<|mask|>", "<|endoftext|>"
+
+
+def yarn_rope(max_position_embeddings: int) -> dict:
+    """The release's RoPE kind (YaRN with llama-4 attention scaling), scaled to a tiny context."""
+    return {
+        "rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 4.0,
+        "original_max_position_embeddings": max_position_embeddings // 4,
+        "max_position_embeddings": max_position_embeddings, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1,
+    }
+
+
+def names() -> list[str]:
+    """Bundled checkpoint names."""
+    return sorted(p.name for p in HERE.iterdir() if (p / "config.json").is_file())
+
+
+def path(name: str) -> Path:
+    if name not in names():
+        raise ValueError(f"Unknown bundled checkpoint {name!r}; choose one of {names()}.")
+    return HERE / name
+
+
+def load(name: str, dtype: torch.dtype | None = None):
+    """Load a bundled checkpoint offline: returns `(model, tokenizer)`, model in eval mode."""
+    import hf_packed_ss  # noqa: F401  (registers the model formats)
+
+    folder = path(name)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with EOS and MASK special tokens (the MASK id is the diffusion mode's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, MASK_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN,
+                                   pad_token=EOS_TOKEN)
+
+
+def gsm8k_texts(file: Path) -> list[str]:
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    return [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
+
+
+def build_random(data: Path, out: Path = HERE / RANDOM, seed: int = 0) -> None:
+    """Rebuild `tiny-nemotron-random` (seeded): 1,024-token tokenizer, 2 layers, hidden 64."""
+    from ..models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+
+    tokenizer = train_tokenizer(gsm8k_texts(data), vocab_size=1024)
+    config = NemotronLabsDiffusionConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        rope_parameters=yarn_rope(4096),
+        mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, block_size=16,
+    )
+    torch.manual_seed(seed)
+    model = NemotronLabsDiffusionModel(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_new_tokens=64,
+        assistant_mode="packed_ss", speculative_width=config.block_size - 1,
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
