@@ -28,7 +28,8 @@ def load_model(name_or_path: str, dtype: torch.dtype):
         return bundled.load(name_or_path, dtype)
     folder = Path(name_or_path)
     if not folder.is_dir():
-        raise SystemExit(f"--model {name_or_path!r} is neither a bundled checkpoint {bundled.names()} nor a local folder.")
+        raise SystemExit(f"--model {name_or_path!r} is neither a bundled checkpoint {bundled.names()} "
+                         "nor a local folder.")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
     return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
 

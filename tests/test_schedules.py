@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from drafters import OracleLayout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
