@@ -13,12 +13,14 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
+from .acceptance import Greedy, RejectionSampler
 from .layouts import NemotronLayout
 from .runner import Forward, run
 from .schedules import SCHEDULES
 from .stats import DecodingStats
 
-_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn")
+_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator")
+_NOT_YET = ("stopping_criteria", "streamer")
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
 
 
@@ -93,17 +95,21 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
         "Call generate once per prompt.",
     )
     _reject(input_ids.shape[1] == 0, "The prompt is empty: pass at least one token (e.g. the BOS token).")
-    _reject(config.do_sample, "do_sample=True is not supported with assistant_mode yet; use greedy decoding.")
     _reject(
         config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
-        "assistant_mode decodes one greedy sequence: num_beams and num_return_sequences must be 1.",
+        "assistant_mode decodes one sequence per call: num_beams and num_return_sequences must be 1 "
+        "(call generate again for more samples).",
+    )
+    _reject(
+        config.guidance_scale not in (None, 1, 1.0),
+        "guidance_scale needs extra model calls per token and is not supported with assistant_mode.",
     )
     mask = model_kwargs.pop("attention_mask", None)
     _reject(
         mask is not None and not bool(mask.all()),
         "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
     )
-    for name in _HOOKS:
+    for name in _NOT_YET:
         _reject(
             hooks.get(name) is not None,
             f"`{name}` is not supported with assistant_mode yet; drop assistant_mode to use it with stock generate.",
@@ -111,12 +117,6 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
     _reject(
         config.stop_strings is not None,
         "stop_strings is not supported with assistant_mode yet; use eos_token_id or stock generate.",
-    )
-    processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=input_ids.shape[1])
-    _reject(
-        len(processors) > 0,
-        "Generation options that change the greedy scores "
-        f"({', '.join(type(p).__name__ for p in processors)}) are not supported with assistant_mode yet.",
     )
     unused = sorted(k for k, v in model_kwargs.items() if v is not None and k != "use_cache")
     _reject(bool(unused), f"generate arguments not used by assistant_mode: {unused}.")
@@ -151,14 +151,23 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
     eos = config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    processors = model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=prompt_len,
+        logits_processor=hooks.get("logits_processor"),
+        prefix_allowed_tokens_fn=hooks.get("prefix_allowed_tokens_fn"),
+        device=input_ids.device,
+    )
+    acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
     with torch.no_grad():
         sequence, stats = run(
             model_forward(getattr(model, "_hf_packed_ss_twin", model)),
-            SCHEDULES[mode](width),
+            SCHEDULES[mode](width, acceptance),
             NemotronLayout(model.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
             eos,
+            processors,
         )
     sequences = sequence[None]
     if config.return_dict_in_generate:

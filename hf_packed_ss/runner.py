@@ -1,7 +1,8 @@
 """The Runner: the one decoding loop that drives every schedule on every layout.
 
-It owns the verified prefix P and the KV cache, calls the model, commits the cache (P minus its last
-token after every call, appendix D.1), stops exactly at the first accepted EOS or at
+It owns the verified prefix P and the KV cache, calls the model, applies the user's logits processors
+to verifier and proposal rows, commits the cache (P minus its last token after every call, appendix
+D.1), stops exactly at the first accepted EOS or at
 ``max_new_tokens`` even inside a block (Algorithm 1, lines 7-8), and counts NFE, rows and time.
 """
 
@@ -14,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from .layouts.nemotron import NemotronLayout
+from .plan import CallPlan, CallResult
 from .schedules.base import Schedule
 from .stats import DecodingStats
 
@@ -24,6 +26,29 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torc
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor) -> CallResult:
+    """Apply a `LogitsProcessorList` exactly as stock `generate` would at each position.
+
+    Verifier row i is processed with the ids it conditions on (P + d^(1..i-1)), so input-dependent
+    processors (repetition penalty, min length, ...) give the AR mode's target distribution. Proposal
+    rows are processed with their context; any processing of Q keeps exactness, since each draft token
+    is verified against the Q it was drawn from.
+    """
+    if not processors:
+        return result
+    verifier = None
+    if result.verifier is not None:
+        draft = plan.draft.to(prefix.device)
+        verifier = torch.cat([
+            processors(torch.cat([prefix, draft[:i]])[None], row[None]) for i, row in enumerate(result.verifier)
+        ])
+    proposals = []
+    for p, logits in zip(plan.proposals, result.proposals, strict=True):
+        context = torch.cat([prefix, plan.draft[: p.branch].to(prefix.device)])
+        proposals.append(processors(context.expand(logits.shape[0], -1), logits))
+    return CallResult(verifier=verifier, proposals=proposals)
 
 
 def _stop_index(tokens: list[int], eos: frozenset[int], remaining: int) -> int:
@@ -41,9 +66,13 @@ def run(
     prompt: torch.Tensor,
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
+    processors=None,
     cache: DynamicCache | None = None,
 ) -> tuple[torch.Tensor, DecodingStats]:
-    """Decode one sequence. `prompt` is a 1D LongTensor; returns (P_final as 1D tensor, stats)."""
+    """Decode one sequence. `prompt` is a 1D LongTensor; returns (P_final as 1D tensor, stats).
+
+    `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the
+    schedule's acceptance policy."""
     eos = frozenset(int(e) for e in eos_token_ids)
     stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
     device = prompt.device
@@ -62,7 +91,7 @@ def run(
         stats.nfe += 1
         stats.rows_per_call.append(call.rows)
 
-        accepted = schedule.advance(plan, call.read(logits))
+        accepted = schedule.advance(plan, process(processors, call.read(logits), plan, prefix))
         n_draft_accepted = None if accepted is None else accepted.numel() - 1
         keep = call.rows_to_cache(n_draft_accepted)
         cache.crop(keep - call.rows)

@@ -3,8 +3,6 @@ written independently of the Runner (full causal forward per step, no cache)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -12,8 +10,9 @@ import hf_packed_ss  # noqa: F401  (registers the Auto classes)
 from hf_packed_ss import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
 from hf_packed_ss.bundled import yarn_rope
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)  # one worker per core; oversubscribed OpenMP threads spin and crawl
+# Tiny models gain nothing from intra-op threads, and with one pytest-xdist worker per core extra
+# OpenMP threads oversubscribe the machine and spin.
+torch.set_num_threads(1)
 
 VOCAB = 48
 MASK = VOCAB - 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..acceptance import greedy_accept
+from ..acceptance import Acceptance, Greedy, ProposalDistribution
 from ..plan import CallPlan, CallResult
 
 EMPTY = torch.empty(0, dtype=torch.long)
@@ -27,9 +27,11 @@ class Schedule:
     name: str = ""
     calls_per_iteration: int = 1
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, acceptance: Acceptance | None = None):
         self.width = width
-        self.draft = EMPTY
+        self.acceptance = acceptance or Greedy()
+        self.draft = EMPTY  # d^(1..k) after the verified prefix
+        self.q: ProposalDistribution | None = None  # the distribution each draft token was drawn from
         self.started = False
 
     def plan(self) -> CallPlan:
@@ -40,11 +42,10 @@ class Schedule:
         raise NotImplementedError
 
     def _verify(self, plan: CallPlan, result: CallResult) -> tuple[torch.Tensor, int]:
-        """Verify this call's draft; every schedule uses the same acceptance rule."""
+        """Verify this call's draft against its stored Q; every schedule uses the same rule."""
         self.started = True
-        return greedy_accept(plan.draft, result.verifier)
+        return self.acceptance.verify(plan.draft, self.q, result.verifier)
 
-
-def propose(logits: torch.Tensor) -> torch.Tensor:
-    """Greedy draft tokens from drafter logits (eq. 3)."""
-    return logits.argmax(dim=-1)
+    def _draft_from(self, proposal_logits: torch.Tensor) -> None:
+        """Make the next draft from the retained proposal rows (eq. 3 / Algorithm 2, line 12)."""
+        self.draft, self.q = self.acceptance.propose(proposal_logits)

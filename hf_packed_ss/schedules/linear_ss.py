@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 
 from ..plan import CallPlan, CallResult, Proposal
-from .base import EMPTY, Schedule, propose
+from .base import EMPTY, Schedule
 
 
 class LinearSSSchedule(Schedule):
     name = "linear_ss"
     calls_per_iteration = 2
 
-    def __init__(self, width: int):
-        super().__init__(width)
+    def __init__(self, width: int, acceptance=None):
+        super().__init__(width, acceptance)
         self.drafted = False
 
     def plan(self) -> CallPlan:
@@ -29,8 +29,9 @@ class LinearSSSchedule(Schedule):
 
     def advance(self, plan: CallPlan, result: CallResult) -> torch.Tensor | None:
         if not plan.verify:
-            self.draft, self.drafted = propose(result.proposals[0]), True
+            self._draft_from(result.proposals[0])
+            self.drafted = True
             return None
         accepted, _ = self._verify(plan, result)
-        self.draft, self.drafted = EMPTY, False
+        self.draft, self.q, self.drafted = EMPTY, None, False
         return accepted

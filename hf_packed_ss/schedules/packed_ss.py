@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..plan import CallPlan, CallResult, Proposal
-from .base import Schedule, propose
+from .base import Schedule
 
 
 class BranchedSSSchedule(Schedule):
@@ -37,13 +37,13 @@ class BranchedSSSchedule(Schedule):
         return CallPlan(draft=self.draft, draft_slots=self.width, proposals=proposals)
 
     def advance(self, plan: CallPlan, result: CallResult) -> torch.Tensor:
-        # Algorithm 1, lines 5-6: h_t matches, A_t = h_t + 1 accepted tokens.
+        # Algorithm 1 lines 5-6 (Algorithm 2 lines 5-8): h_t accepted draft tokens, A_t = h_t + 1.
         accepted, h = self._verify(plan, result)
-        # Line 10: keep the proposals for positions after the A_t accepted ones. Branch b's row j
-        # scores position b + 1 + j after P_{t-1}, so the kept rows start at h + 1 - b.
-        branch_index = max(i for i, p in enumerate(plan.proposals) if p.branch <= h)
-        selected = plan.proposals[branch_index]
-        self.draft = propose(result.proposals[branch_index][h + 1 - selected.branch :])
+        # Line 10 (12): the next draft comes from the proposals for positions after the A_t accepted
+        # ones. Branch b's row j scores position b + 1 + j after P_{t-1}, so kept rows start at
+        # h + 1 - b; only the selected branch is sampled (appendix E.4).
+        index = max(i for i, p in enumerate(plan.proposals) if p.branch <= h)
+        self._draft_from(result.proposals[index][h + 1 - plan.proposals[index].branch :])
         return accepted
 
 
