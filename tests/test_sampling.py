@@ -32,6 +32,7 @@ OPTIONS = {
     "plain": dict(do_sample=True),
     "t0.7-top5": dict(do_sample=True, temperature=0.7, top_k=5),
     "top_p0.8": dict(do_sample=True, top_p=0.8),
+    "min_p0.1-rep1.5": dict(do_sample=True, min_p=0.1, repetition_penalty=1.5),
 }
 
 
