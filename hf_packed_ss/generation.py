@@ -6,7 +6,6 @@ and hands one sequence to the Runner. Without `assistant_mode` it is stock `gene
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +14,7 @@ from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
 from .layouts import NemotronLayout
+from .modeling import cache_keyword
 from .runner import Forward, run
 from .schedules import SCHEDULES
 from .stats import DecodingStats
@@ -33,14 +33,9 @@ class PackedSSGenerateOutput(ModelOutput):
     decoding_stats: DecodingStats | None = None
 
 
-def _cache_keyword(module: torch.nn.Module) -> str:
-    """transformers 5.24 renamed `past_key_values` to `cache`; accept either."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
 def model_forward(model: torch.nn.Module) -> Forward:
     """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner."""
-    cache_kw = _cache_keyword(model)
+    cache_kw = cache_keyword(model)
 
     def forward(input_ids, position_ids, attention_mask, cache, logit_rows):
         out = model(

@@ -167,3 +167,13 @@ def test_enable_on_released_structure():
 def test_enable_rejects_other_structures():
     with pytest.raises(ValueError, match="diffusion_head"):
         hf_packed_ss.enable(nn.Linear(2, 2))
+
+
+def test_eager_attention_decodes_exactly(model):
+    """Eager attention needs an additive float mask (a boolean one is silently misread)."""
+    eager = tiny_model(3, attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+    ref = reference_greedy(model, PROMPT[0], 15)
+    for mode in ("linear_ss", "quadratic_ss", "packed_ss"):
+        out = eager.generate(PROMPT, assistant_mode=mode, speculative_width=4, max_new_tokens=15)
+        assert out[0, 4:].tolist() == ref

@@ -15,7 +15,8 @@ from torch import nn
 from transformers import GenerationMixin, Ministral3Config, Ministral3Model, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..generation import SpeculativeGenerationMixin, _cache_keyword
+from ..generation import SpeculativeGenerationMixin
+from ..modeling import cache_keyword, keep_rows, mask_for_backend
 
 
 class NemotronLabsDiffusionConfig(Ministral3Config):
@@ -53,7 +54,7 @@ class NemotronLabsDiffusionModel(SpeculativeGenerationMixin, PreTrainedModel, Ge
         super().__init__(config)
         self.encoder = Ministral3Model(config)
         self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._cache_kw = _cache_keyword(self.encoder)
+        self._cache_kw = cache_keyword(self.encoder)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -88,7 +89,7 @@ class NemotronLabsDiffusionModel(SpeculativeGenerationMixin, PreTrainedModel, Ge
         tensor keeps those row indices, so long prompts never pay for unused vocabulary projections.
         """
         if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype == torch.bool:
-            attention_mask = _for_attention_backend(attention_mask, self.config, self.dtype)
+            attention_mask = mask_for_backend(attention_mask, self.config, self.dtype)
         out = self.encoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -99,18 +100,10 @@ class NemotronLabsDiffusionModel(SpeculativeGenerationMixin, PreTrainedModel, Ge
             **kwargs,
         )
         hidden = out.last_hidden_state
-        rows = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.diffusion_head(hidden[:, rows, :])
+        logits = self.diffusion_head(keep_rows(hidden, logits_to_keep))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         new_cache = getattr(out, self._cache_kw, None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{self._cache_kw: new_cache})
-
-
-def _for_attention_backend(mask: torch.Tensor, config, dtype: torch.dtype) -> torch.Tensor:
-    """sdpa takes a boolean mask (True = attend); eager silently misreads one, so give it an additive mask."""
-    if getattr(config, "_attn_implementation", "sdpa") == "eager":
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    return mask
 
