@@ -7,7 +7,7 @@ Importing the package registers the bundled model formats with the Auto classes.
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .generation import PackedSSGenerateOutput
-from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, SetDLMConfig, SetDLMModel
 from .models.release import disable, enable
 from .schedules import SCHEDULES
 from .stats import DecodingStats
@@ -15,6 +15,9 @@ from .stats import DecodingStats
 AutoConfig.register(NemotronLabsDiffusionConfig.model_type, NemotronLabsDiffusionConfig, exist_ok=True)
 AutoModel.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, exist_ok=True)
 AutoModelForCausalLM.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, exist_ok=True)
+AutoConfig.register(SetDLMConfig.model_type, SetDLMConfig, exist_ok=True)
+AutoModel.register(SetDLMConfig, SetDLMModel, exist_ok=True)
+AutoModelForCausalLM.register(SetDLMConfig, SetDLMModel, exist_ok=True)
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,8 @@ __all__ = [
     "NemotronLabsDiffusionConfig",
     "NemotronLabsDiffusionModel",
     "PackedSSGenerateOutput",
+    "SetDLMConfig",
+    "SetDLMModel",
     "disable",
     "enable",
 ]

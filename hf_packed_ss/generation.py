@@ -19,6 +19,8 @@ from .runner import Forward, run
 from .schedules import SCHEDULES
 from .stats import DecodingStats
 
+# Layout per model family (config.model_type); a family without one cannot take assistant_mode yet.
+LAYOUTS = {"nemotron_labs_diffusion": NemotronLayout}
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator")
 _NOT_YET = ("stopping_criteria", "streamer")
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
@@ -68,6 +70,12 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
     _reject(
         mode not in SCHEDULES,
         f"Unknown assistant_mode={mode!r}; choose one of {sorted(SCHEDULES)}, or leave it unset for stock generate.",
+    )
+    model_type = getattr(model.config, "model_type", None)
+    _reject(
+        model_type not in LAYOUTS,
+        f"assistant_mode has no packed layout for model_type={model_type!r} yet (available: {sorted(LAYOUTS)}); "
+        "call generate without assistant_mode.",
     )
     mask_token_id = getattr(model.config, "mask_token_id", None)
     _reject(
@@ -158,7 +166,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         sequence, stats = run(
             model_forward(getattr(model, "_hf_packed_ss_twin", model)),
             SCHEDULES[mode](width, acceptance),
-            NemotronLayout(model.config.mask_token_id),
+            LAYOUTS[model.config.model_type](model.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
             eos,
