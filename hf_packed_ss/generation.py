@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, MaxTimeCriteria, StoppingCriteriaList, StopStringCriteria
 from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
@@ -21,8 +21,8 @@ from .stats import DecodingStats
 
 # Layout per model family (config.model_type); a family without one cannot take assistant_mode yet.
 LAYOUTS = {"nemotron_labs_diffusion": NemotronLayout}
-_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator")
-_NOT_YET = ("stopping_criteria", "streamer")
+_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
+          "assistant_model")
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
 
 
@@ -109,21 +109,43 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
     )
     mask = model_kwargs.pop("attention_mask", None)
     _reject(
+        mask is not None and mask.dim() != 2,
+        "generate takes a 2D attention_mask (batch, length); the packed 4D masks are built by hf_packed_ss itself.",
+    )
+    _reject(
         mask is not None and not bool(mask.all()),
         "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
     )
-    for name in _NOT_YET:
-        _reject(
-            hooks.get(name) is not None,
-            f"`{name}` is not supported with assistant_mode yet; drop assistant_mode to use it with stock generate.",
-        )
     _reject(
-        config.stop_strings is not None,
-        "stop_strings is not supported with assistant_mode yet; use eos_token_id or stock generate.",
+        hooks.get("assistant_model") is not None,
+        "assistant_model and assistant_mode both name a drafter: the diffusion mode of the model drafts with "
+        "assistant_mode, so drop assistant_model (or drop assistant_mode for stock assisted decoding).",
+    )
+    _reject(
+        config.cache_implementation not in (None, "dynamic"),
+        f"cache_implementation={config.cache_implementation!r} is not supported with assistant_mode: the decoder "
+        "crops a DynamicCache after every call; leave cache_implementation unset.",
+    )
+    _reject(
+        config.stop_strings is not None and hooks.get("tokenizer") is None,
+        "stop_strings needs the model's tokenizer: pass generate(..., tokenizer=tokenizer).",
     )
     unused = sorted(k for k, v in model_kwargs.items() if v is not None and k != "use_cache")
     _reject(bool(unused), f"generate arguments not used by assistant_mode: {unused}.")
     return width
+
+
+def stopping(config: GenerationConfig, criteria, tokenizer):
+    """`stop(sequence) -> bool` from the user's stopping criteria, `stop_strings` and `max_time`
+    (EOS and the length limit are the Runner's own, exact, checks), or None when there is nothing to ask."""
+    checks = StoppingCriteriaList(criteria or [])
+    if config.stop_strings is not None:
+        checks.append(StopStringCriteria(stop_strings=config.stop_strings, tokenizer=tokenizer))
+    if config.max_time is not None:
+        checks.append(MaxTimeCriteria(max_time=config.max_time))
+    if not checks:
+        return None
+    return lambda sequence: bool(checks(sequence[None], None).any())
 
 
 def speculative_generate(model, stock_generate, *args, **kwargs):
@@ -162,6 +184,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         device=input_ids.device,
     )
     acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
+    stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"))
     with torch.no_grad():
         sequence, stats = run(
             model_forward(getattr(model, "_hf_packed_ss_twin", model)),
@@ -171,6 +194,8 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
             max(0, max_new),
             eos,
             processors,
+            stop,
+            hooks.get("streamer"),
         )
     sequences = sequence[None]
     if config.return_dict_in_generate:

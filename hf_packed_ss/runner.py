@@ -67,12 +67,16 @@ def run(
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
     processors=None,
+    stop: Callable[[torch.Tensor], bool] | None = None,
+    streamer=None,
     cache: DynamicCache | None = None,
 ) -> tuple[torch.Tensor, DecodingStats]:
     """Decode one sequence. `prompt` is a 1D LongTensor; returns (P_final as 1D tensor, stats).
 
     `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the
-    schedule's acceptance policy."""
+    schedule's acceptance policy. `stop(sequence)` is asked after every accepted token, as stock
+    `generate` asks its stopping criteria after every token, so a stop inside an accepted block cuts
+    the block exactly there. `streamer` gets the prompt, then each iteration's surviving tokens."""
     eos = frozenset(int(e) for e in eos_token_ids)
     stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
     device = prompt.device
@@ -81,6 +85,8 @@ def run(
     cache_len = 0
     start = time.perf_counter()
     _sync(device)
+    if streamer is not None:
+        streamer.put(prompt.cpu())
     while stats.new_tokens < max_new_tokens:
         plan = schedule.plan()
         call = layout.build(plan, prefix, cache_len)
@@ -100,11 +106,22 @@ def run(
             continue
         tokens = accepted.tolist()
         a = _stop_index(tokens, eos, max_new_tokens - stats.new_tokens)
-        prefix = torch.cat([prefix, accepted[:a].to(device)])
+        accepted = accepted[:a].to(device)
+        stopped = a < len(tokens) or tokens[a - 1] in eos
+        if stop is not None:
+            for i in range(1, a + 1):
+                if stop(torch.cat([prefix, accepted[:i]])):
+                    accepted, a, stopped = accepted[:i], i, True
+                    break
+        prefix = torch.cat([prefix, accepted])
         stats.new_tokens += a
         stats.accepted_per_iteration.append(a)
-        if a < len(tokens) or tokens[a - 1] in eos:
+        if streamer is not None:
+            streamer.put(accepted.cpu())
+        if stopped:
             break
     _sync(device)
     stats.decoder_time_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
     return prefix, stats
