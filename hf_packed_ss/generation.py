@@ -169,7 +169,8 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     _reject(max_new is not None and max_new < 0, f"max_new_tokens={max_new} must be >= 0.")
     hooks = {k: kwargs.pop(k) for k in _HOOKS if k in kwargs}
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
-    width = validate(model, mode, width, input_ids, config, model_kwargs, hooks)
+    decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
+    width = validate(decoder, mode, width, input_ids, config, model_kwargs, hooks)
 
     prompt_len = input_ids.shape[1]
     if max_new is None:
@@ -187,9 +188,9 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"))
     with torch.no_grad():
         sequence, stats = run(
-            model_forward(getattr(model, "_hf_packed_ss_twin", model)),
+            model_forward(decoder),
             SCHEDULES[mode](width, acceptance),
-            LAYOUTS[model.config.model_type](model.config.mask_token_id),
+            LAYOUTS[decoder.config.model_type](decoder.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
             eos,

@@ -158,6 +158,7 @@ def test_enable_on_released_structure():
         assert out[0, 4:].tolist() == ref
     twin = released._hf_packed_ss_twin
     assert twin.diffusion_head.weight.data_ptr() == released.diffusion_head.weight.data_ptr()  # no copy
+    assert set(released.state_dict()) == set(ours.state_dict())  # the twin is not a submodule
     assert released.generate(PROMPT, max_new_tokens=3, block_length=2) == (PROMPT, 0)  # its own generate
     hf_packed_ss.disable(released)
     with pytest.raises(TypeError):

@@ -25,7 +25,8 @@ def shared_weight_twin(model: nn.Module) -> NemotronLabsDiffusionModel:
     """
     if isinstance(model, NemotronLabsDiffusionModel):
         return model
-    config = NemotronLabsDiffusionConfig.from_dict(model.config.to_dict())
+    fields = {k: v for k, v in model.config.to_dict().items() if k not in ("model_type", "auto_map", "architectures")}
+    config = NemotronLabsDiffusionConfig.from_dict(fields)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         twin = NemotronLabsDiffusionModel(config)
@@ -36,6 +37,21 @@ def shared_weight_twin(model: nn.Module) -> NemotronLabsDiffusionModel:
     return twin.eval()
 
 
+def attach_twin(model: nn.Module) -> nn.Module:
+    """Give a model of the released structure the shared-weight twin our decoders call (idempotent;
+    nothing to do for our own classes). Does not touch `generate`."""
+    if isinstance(model, NemotronLabsDiffusionModel) or getattr(model, "_hf_packed_ss_twin", None) is not None:
+        return model
+    if not (hasattr(model, "encoder") and isinstance(getattr(model, "diffusion_head", None), nn.Linear)):
+        raise ValueError(
+            f"{type(model).__name__} does not have the Nemotron-Labs-Diffusion structure (`encoder` + "
+            "`diffusion_head`); load the checkpoint with AutoModel.from_pretrained(..., trust_remote_code=True)."
+        )
+    # not a registered submodule: the twin must not appear in the model's state dict or parameters
+    object.__setattr__(model, "_hf_packed_ss_twin", shared_weight_twin(model))
+    return model
+
+
 def enable(model: nn.Module) -> nn.Module:
     """Give `model` the ``generate(..., assistant_mode=..., speculative_width=...)`` front.
 
@@ -44,16 +60,11 @@ def enable(model: nn.Module) -> nn.Module:
     (the release's `generate(prompt_ids, max_new_tokens, block_length, ...)`), also reachable as
     `model.stock_generate`; `disable(model)` puts it back. Returns the same model.
     """
-    if getattr(model, "_hf_packed_ss_twin", None) is not None:
+    if getattr(model, "stock_generate", None) is not None:
         return model
-    if not (hasattr(model, "encoder") and isinstance(getattr(model, "diffusion_head", None), nn.Linear)):
-        raise ValueError(
-            f"{type(model).__name__} does not have the Nemotron-Labs-Diffusion structure (`encoder` + "
-            "`diffusion_head`); load the checkpoint with AutoModel.from_pretrained(..., trust_remote_code=True)."
-        )
+    attach_twin(model)
     original = model.generate
     model.stock_generate = original
-    model._hf_packed_ss_twin = shared_weight_twin(model)
 
     def generate(self, *args, **kwargs):
         return speculative_generate(self, original, *args, **kwargs)
@@ -64,7 +75,8 @@ def enable(model: nn.Module) -> nn.Module:
 
 def disable(model: nn.Module) -> nn.Module:
     """Undo `enable`: the model's own `generate` again."""
-    if getattr(model, "_hf_packed_ss_twin", None) is not None:
+    if getattr(model, "stock_generate", None) is not None:
         model.generate = model.stock_generate
-        del model.stock_generate, model._hf_packed_ss_twin
+        del model.stock_generate
+        model.__dict__.pop("_hf_packed_ss_twin", None)
     return model
