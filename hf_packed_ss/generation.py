@@ -14,6 +14,7 @@ from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
 from .layouts import NemotronLayout
+from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
 from .runner import Forward, run
 from .schedules import SCHEDULES
@@ -36,18 +37,21 @@ class PackedSSGenerateOutput(ModelOutput):
 
 
 def model_forward(model: torch.nn.Module) -> Forward:
-    """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner."""
+    """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner.
+
+    A proposal-only adapter (see `lora.py`) is told which rows are proposal rows for each call."""
     cache_kw = cache_keyword(model)
 
-    def forward(input_ids, position_ids, attention_mask, cache, logit_rows):
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            use_cache=True,
-            logits_to_keep=logit_rows,
-            **{cache_kw: cache},
-        )
+    def forward(call, cache):
+        with proposal_rows(model, call.proposal_mask[None]):
+            out = model(
+                input_ids=call.input_ids,
+                position_ids=call.position_ids,
+                attention_mask=call.attention_mask,
+                use_cache=True,
+                logits_to_keep=call.logit_rows,
+                **{cache_kw: cache},
+            )
         return out.logits[0]
 
     return forward
@@ -186,7 +190,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     )
     acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"))
-    with torch.no_grad():
+    with torch.no_grad(), proposal_only_adapters(decoder):
         sequence, stats = run(
             model_forward(decoder),
             SCHEDULES[mode](width, acceptance),

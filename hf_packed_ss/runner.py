@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache
 
-from .layouts.nemotron import NemotronLayout
+from .layouts.nemotron import NemotronLayout, PackedCall
 from .plan import CallPlan, CallResult
 from .schedules.base import Schedule
 from .stats import DecodingStats
 
-# forward(input_ids, position_ids, attention_mask, cache, logit_rows) -> (r, V) logits of the kept rows
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor], torch.Tensor]
+# forward(call, cache) -> (r, V) logits of the call's kept rows (`call.logit_rows`)
+Forward = Callable[[PackedCall, DynamicCache], torch.Tensor]
 
 
 def _sync(device: torch.device) -> None:
@@ -91,7 +91,7 @@ def run(
         plan = schedule.plan()
         call = layout.build(plan, prefix, cache_len)
         tic = time.perf_counter()
-        logits = forward(call.input_ids, call.position_ids, call.attention_mask, cache, call.logit_rows)
+        logits = forward(call, cache)
         _sync(device)
         stats.model_time_s += time.perf_counter() - tic
         stats.nfe += 1

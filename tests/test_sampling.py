@@ -146,9 +146,9 @@ def _positional_forward(table: torch.Tensor, mask_id: int):
     """A model whose every conditional depends only on the position scored: the AR row at position j
     scores j + 1 with table[j + 1]; a MASK row at j scores j with table[j]. Drafter == verifier."""
 
-    def forward(input_ids, position_ids, attention_mask, cache, logit_rows):
-        pos = position_ids[0, logit_rows]
-        is_mask = input_ids[0, logit_rows] == mask_id
+    def forward(call, cache):
+        pos = call.position_ids[0, call.logit_rows]
+        is_mask = call.input_ids[0, call.logit_rows] == mask_id
         return table[torch.where(is_mask, pos, pos + 1)]
 
     return forward

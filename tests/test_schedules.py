@@ -45,8 +45,8 @@ class _Null:
     def __init__(self, vocab):
         self.vocab = vocab
 
-    def __call__(self, input_ids, position_ids, attention_mask, cache, logit_rows):
-        return torch.zeros(logit_rows.numel(), self.vocab)
+    def __call__(self, call, cache):
+        return torch.zeros(call.logit_rows.numel(), self.vocab)
 
 
 class ThresholdLayout(NemotronLayout):

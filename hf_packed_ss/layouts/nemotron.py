@@ -48,6 +48,8 @@ class PackedCall:
         verifier_rows: slice of the kept logits holding the verifier predictions (or None).
         proposal_rows: one slice of the kept logits per proposal.
         cache_rows_before_draft: verifier rows that enter the cache even when no draft token is accepted.
+        proposal_mask (`torch.BoolTensor` of shape `(q,)`): rows of proposal blocks (where a
+            proposal-only adapter applies).
     """
 
     input_ids: torch.Tensor
@@ -57,6 +59,7 @@ class PackedCall:
     verifier_rows: slice | None
     proposal_rows: list[slice]
     cache_rows_before_draft: int
+    proposal_mask: torch.Tensor
 
     @property
     def rows(self) -> int:
@@ -108,7 +111,7 @@ class NemotronLayout:
             n_kept += p.length
         input_ids = torch.cat(pieces)[None]
         first = cache_len if plan.verify else n - 1
-        positions, new_mask = _template(plan.verify, t, slots, plan.proposals, first, n)
+        positions, new_mask, proposal_mask = _template(plan.verify, t, slots, plan.proposals, first, n)
         q = input_ids.shape[1]
         mask = torch.cat(
             [torch.ones(q, cache_len, dtype=torch.bool), new_mask], dim=1
@@ -121,6 +124,7 @@ class NemotronLayout:
             verifier_rows=verifier_rows,
             proposal_rows=proposal_rows,
             cache_rows_before_draft=t,
+            proposal_mask=proposal_mask.to(device),
         )
 
 
@@ -132,7 +136,8 @@ def _template(verify: bool, t: int, slots: int, proposals: tuple, first: int, n:
 
 @lru_cache(maxsize=256)
 def _template_cached(verify: bool, t: int, slots: int, proposals: tuple, last: int):
-    """`last` is the relative position of P's last token. Returns (positions, (q, q) bool mask)."""
+    """`last` is the relative position of P's last token. Returns (positions, (q, q) bool mask,
+    (q,) proposal-row mask)."""
     pos, group, limit = [], [], []
     if verify:
         for i in range(t + slots):
@@ -150,4 +155,4 @@ def _template_cached(verify: bool, t: int, slots: int, proposals: tuple, last: i
     pos_t, group_t, limit_t = torch.tensor(pos), torch.tensor(group), torch.tensor(limit)
     sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
     same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
-    return pos_t, sees_verifier | same_block
+    return pos_t, sees_verifier | same_block, group_t >= 0
