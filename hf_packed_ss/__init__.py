@@ -6,6 +6,7 @@ Importing the package registers the bundled model formats with the Auto classes.
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from .candidates import PackedSSCandidateGenerator
 from .generation import PackedSSGenerateOutput
 from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, SetDLMConfig, SetDLMModel
 from .models.release import disable, enable
@@ -26,6 +27,7 @@ __all__ = [
     "DecodingStats",
     "NemotronLabsDiffusionConfig",
     "NemotronLabsDiffusionModel",
+    "PackedSSCandidateGenerator",
     "PackedSSGenerateOutput",
     "SetDLMConfig",
     "SetDLMModel",

@@ -13,6 +13,7 @@ from transformers import GenerationConfig, MaxTimeCriteria, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
+from .candidates import PackedSSCandidateGenerator
 from .layouts import NemotronLayout
 from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
@@ -29,11 +30,12 @@ QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (sectio
 
 @dataclass
 class PackedSSGenerateOutput(ModelOutput):
-    """`generate(..., return_dict_in_generate=True)` output: `sequences` (prompt + continuation) and
-    `decoding_stats` (a `DecodingStats`)."""
+    """`generate(..., return_dict_in_generate=True)` output: `sequences` (prompt + continuation),
+    `decoding_stats` (a `DecodingStats`) and the run's `candidate_generator`."""
 
     sequences: torch.LongTensor | None = None
     decoding_stats: DecodingStats | None = None
+    candidate_generator: PackedSSCandidateGenerator | None = None
 
 
 def model_forward(model: torch.nn.Module) -> Forward:
@@ -190,10 +192,12 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     )
     acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"))
+    schedule = SCHEDULES[mode](width, acceptance)
+    candidates = PackedSSCandidateGenerator(schedule)
     with torch.no_grad(), proposal_only_adapters(decoder):
         sequence, stats = run(
             model_forward(decoder),
-            SCHEDULES[mode](width, acceptance),
+            schedule,
             LAYOUTS[decoder.config.model_type](decoder.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
@@ -201,10 +205,11 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
             processors,
             stop,
             hooks.get("streamer"),
+            candidates=candidates,
         )
     sequences = sequence[None]
     if config.return_dict_in_generate:
-        return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats)
+        return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)
     return sequences
 
 

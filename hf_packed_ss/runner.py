@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache
 
+from .candidates import PackedSSCandidateGenerator
 from .layouts.nemotron import NemotronLayout, PackedCall
 from .plan import CallPlan, CallResult
 from .schedules.base import Schedule
@@ -70,13 +71,16 @@ def run(
     stop: Callable[[torch.Tensor], bool] | None = None,
     streamer=None,
     cache: DynamicCache | None = None,
+    candidates: PackedSSCandidateGenerator | None = None,
 ) -> tuple[torch.Tensor, DecodingStats]:
     """Decode one sequence. `prompt` is a 1D LongTensor; returns (P_final as 1D tensor, stats).
 
     `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the
     schedule's acceptance policy. `stop(sequence)` is asked after every accepted token, as stock
     `generate` asks its stopping criteria after every token, so a stop inside an accepted block cuts
-    the block exactly there. `streamer` gets the prompt, then each iteration's surviving tokens."""
+    the block exactly there. `streamer` gets the prompt, then each iteration's surviving tokens.
+    `candidates` (made here when not given) is told the outcome of every verification."""
+    candidates = PackedSSCandidateGenerator(schedule) if candidates is None else candidates
     eos = frozenset(int(e) for e in eos_token_ids)
     stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
     device = prompt.device
@@ -97,8 +101,11 @@ def run(
         stats.nfe += 1
         stats.rows_per_call.append(call.rows)
 
-        accepted = schedule.advance(plan, process(processors, call.read(logits), plan, prefix))
+        result = process(processors, call.read(logits), plan, prefix)
+        accepted = schedule.advance(plan, result)
         n_draft_accepted = None if accepted is None else accepted.numel() - 1
+        if accepted is not None:
+            candidates.update_candidate_strategy(prefix[None], result.verifier[None], n_draft_accepted)
         keep = call.rows_to_cache(n_draft_accepted)
         cache.crop(keep - call.rows)
         cache_len += keep

@@ -130,3 +130,44 @@ def test_conflicting_options_raise(loaded, kwargs, message):
     model, _, ids = loaded
     with pytest.raises(ValueError, match=message):
         model.generate(ids, assistant_mode="packed_ss", max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("mode", SPECULATIVE)
+def test_candidate_generator_exposes_the_retained_draft(loaded, mode, do_sample):
+    """Code written against transformers' CandidateGenerator interface sees the draft each iteration."""
+    from hf_packed_ss import PackedSSCandidateGenerator
+    from hf_packed_ss.acceptance import Greedy, RejectionSampler
+
+    model, _, ids = loaded
+    full = model.generate(ids, max_new_tokens=40, assistant_mode=None)[0, ids.shape[1]:].tolist()
+    schedule = SCHEDULES[mode](5, RejectionSampler() if do_sample else Greedy())
+    candidates = PackedSSCandidateGenerator(schedule)
+    seen = []
+
+    class Inspect(Collect):
+        def put(self, value):
+            super().put(value)
+            prefix = torch.tensor([sum(self.puts, [])])
+            cand_ids, cand_logits = candidates.get_candidates(prefix)
+            k = schedule.draft.numel()
+            assert cand_ids.shape == (1, prefix.shape[1] + k) and torch.equal(cand_ids[:, : prefix.shape[1]], prefix)
+            if do_sample and k:
+                q = cand_logits.softmax(-1)[0]
+                assert cand_logits.shape == (1, k, model.config.vocab_size)
+                assert torch.allclose(q.sum(-1), torch.ones(k, dtype=q.dtype))
+                assert (q[torch.arange(k), schedule.draft] > 0).all()  # each draft token came from its Q
+            else:
+                assert cand_logits is None
+            seen.append(k)
+
+    oracle = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, ids.shape[1], 0.8)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        _, stats = run(model_forward(model), schedule, oracle, ids[0], 40, (), None, None, Inspect(),
+                       candidates=candidates)
+    assert len(candidates.num_matches) == len(stats.accepted_per_iteration)
+    if mode != "linear_ss":  # Linear-SS drafts in a separate call, after the tokens are streamed
+        assert max(seen) > 0
+    out = model.generate(ids, assistant_mode=mode, max_new_tokens=10, return_dict_in_generate=True)
+    assert isinstance(out.candidate_generator, PackedSSCandidateGenerator)
