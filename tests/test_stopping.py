@@ -171,3 +171,13 @@ def test_candidate_generator_exposes_the_retained_draft(loaded, mode, do_sample)
         assert max(seen) > 0
     out = model.generate(ids, assistant_mode=mode, max_new_tokens=10, return_dict_in_generate=True)
     assert isinstance(out.candidate_generator, PackedSSCandidateGenerator)
+
+
+def test_text_streamer_prints_the_output(loaded, capsys):
+    from transformers import TextStreamer
+
+    model, tokenizer, ids = loaded
+    text = tokenizer("Question: 12 + 30?", return_tensors="pt").input_ids
+    out = model.generate(text, max_new_tokens=20, assistant_mode="quadratic_ss",
+                         streamer=TextStreamer(tokenizer, skip_prompt=True))
+    assert capsys.readouterr().out.rstrip("\n") == tokenizer.decode(out[0, text.shape[1]:]).rstrip("\n")
