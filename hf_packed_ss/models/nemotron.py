@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, Ministral3Config, Ministral3Model, PreTrainedModel
+from transformers import Ministral3Config, Ministral3Model
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..generation import SpeculativeGenerationMixin
-from ..modeling import cache_keyword, keep_rows, mask_for_backend
+from ..modeling import keep_rows, mask_for_backend
+from .base import DualModeModel
 
 
 class NemotronLabsDiffusionConfig(Ministral3Config):
@@ -39,35 +39,17 @@ class NemotronLabsDiffusionConfig(Ministral3Config):
     dp_varying_mask_ratio: bool = False
 
 
-class NemotronLabsDiffusionModel(SpeculativeGenerationMixin, PreTrainedModel, GenerationMixin):
+class NemotronLabsDiffusionModel(DualModeModel):
     """`encoder` (Ministral3 stack) + `diffusion_head` (hidden -> vocab, no bias, untied)."""
 
     config_class = NemotronLabsDiffusionConfig
     base_model_prefix = "encoder"
+    head_name = "diffusion_head"
     _no_split_modules = ["Ministral3DecoderLayer"]
-    _supports_sdpa = True
-    _supports_attention_backend = True
-    supports_gradient_checkpointing = True
-    _can_compile_fullgraph = False
 
     def __init__(self, config: NemotronLabsDiffusionConfig):
         super().__init__(config)
-        self.encoder = Ministral3Model(config)
-        self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._cache_kw = cache_keyword(self.encoder)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.encoder.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.encoder.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.diffusion_head
-
-    def set_output_embeddings(self, value: nn.Module) -> None:
-        self.diffusion_head = value
+        self._build(Ministral3Model(config), nn.Linear(config.hidden_size, config.vocab_size, bias=False))
 
     def forward(
         self,

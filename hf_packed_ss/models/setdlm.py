@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel, Qwen3Config, Qwen3Model
+from transformers import Qwen3Config, Qwen3Model
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..generation import SpeculativeGenerationMixin
-from ..modeling import cache_keyword, keep_rows, mask_for_backend
+from ..modeling import keep_rows, mask_for_backend
+from .base import DualModeModel
 
 
 class SetDLMConfig(Qwen3Config):
@@ -40,34 +40,16 @@ class SetDLMConfig(Qwen3Config):
     block_size: int = 1024
 
 
-class SetDLMModel(SpeculativeGenerationMixin, PreTrainedModel, GenerationMixin):
+class SetDLMModel(DualModeModel):
     """`model` (Qwen3 stack) + `lm_head` (hidden -> vocab, no AR shift at MASK rows)."""
 
     config_class = SetDLMConfig
     base_model_prefix = "model"
     _no_split_modules = ["Qwen3DecoderLayer"]
-    _supports_sdpa = True
-    _supports_attention_backend = True
-    supports_gradient_checkpointing = True
 
     def __init__(self, config: SetDLMConfig):
         super().__init__(config)
-        self.model = Qwen3Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._cache_kw = cache_keyword(self.model)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Module) -> None:
-        self.lm_head = value
+        self._build(Qwen3Model(config), nn.Linear(config.hidden_size, config.vocab_size, bias=False))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
