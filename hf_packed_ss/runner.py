@@ -52,12 +52,19 @@ def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor
     return CallResult(verifier=verifier, proposals=proposals)
 
 
-def _stop_index(tokens: list[int], eos: frozenset[int], remaining: int) -> int:
-    """Algorithm 1, line 7: a = min(A, L - emitted, first EOS index)."""
-    for i, tok in enumerate(tokens[:remaining]):
-        if tok in eos:
-            return i + 1
-    return min(len(tokens), remaining)
+def _truncate(accepted: torch.Tensor, prefix: torch.Tensor, eos: frozenset[int], remaining: int, stop):
+    """Algorithm 1, lines 7-8: keep C_t up to a = min(A_t, L - emitted, first EOS, first stop).
+
+    Returns the kept tokens and whether decoding ends here."""
+    tokens = accepted.tolist()
+    a = min(len(tokens), remaining)
+    a = next((i + 1 for i, tok in enumerate(tokens[:a]) if tok in eos), a)
+    stopped = a < len(tokens) or tokens[a - 1] in eos
+    if stop is not None:  # asked after every token, as stock generate asks its criteria
+        hit = next((i for i in range(1, a + 1) if stop(torch.cat([prefix, accepted[:i]]))), None)
+        if hit is not None:
+            a, stopped = hit, True
+    return accepted[:a], stopped
 
 
 def run(
@@ -92,8 +99,10 @@ def run(
     if streamer is not None:
         streamer.put(prompt.cpu())
     while stats.new_tokens < max_new_tokens:
+        # 1. ask: the schedule plans the call, the layout lays it out
         plan = schedule.plan()
         call = layout.build(plan, prefix, cache_len)
+        # 2. one model call
         tic = time.perf_counter()
         logits = forward(call, cache)
         _sync(device)
@@ -101,28 +110,23 @@ def run(
         stats.nfe += 1
         stats.rows_per_call.append(call.rows)
 
+        # 3. verify and draft: the schedule advances from the (processed) predictions
         result = process(processors, call.read(logits), plan, prefix)
         accepted = schedule.advance(plan, result)
         n_draft_accepted = None if accepted is None else accepted.numel() - 1
         if accepted is not None:
             candidates.update_candidate_strategy(prefix[None], result.verifier[None], n_draft_accepted)
+        # 4. commit the cache: P minus its last token (cacheable rows come first: one crop)
         keep = call.rows_to_cache(n_draft_accepted)
         cache.crop(keep - call.rows)
         cache_len += keep
         if accepted is None:
             continue
-        tokens = accepted.tolist()
-        a = _stop_index(tokens, eos, max_new_tokens - stats.new_tokens)
-        accepted = accepted[:a].to(device)
-        stopped = a < len(tokens) or tokens[a - 1] in eos
-        if stop is not None:
-            for i in range(1, a + 1):
-                if stop(torch.cat([prefix, accepted[:i]])):
-                    accepted, a, stopped = accepted[:i], i, True
-                    break
+        # 5. stop exactly at EOS / length / stopping criteria, then append and stream
+        accepted, stopped = _truncate(accepted.to(device), prefix, eos, max_new_tokens - stats.new_tokens, stop)
         prefix = torch.cat([prefix, accepted])
-        stats.new_tokens += a
-        stats.accepted_per_iteration.append(a)
+        stats.new_tokens += accepted.numel()
+        stats.accepted_per_iteration.append(accepted.numel())
         if streamer is not None:
             streamer.put(accepted.cpu())
         if stopped:
