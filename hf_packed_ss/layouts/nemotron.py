@@ -110,34 +110,27 @@ class NemotronLayout:
             proposal_rows.append(slice(n_kept, n_kept + p.length))
             n_kept += p.length
         input_ids = torch.cat(pieces)[None]
-        first = cache_len if plan.verify else n - 1
-        positions, new_mask, proposal_mask = _template(plan.verify, t, slots, plan.proposals, first, n)
+        first = cache_len if plan.verify else n - 1  # position of row 0; P's last token sits at n - 1
+        positions, new_mask, proposal_mask = _template(plan.verify, t, slots, plan.proposals, n - 1 - first, device)
         q = input_ids.shape[1]
-        mask = torch.cat(
-            [torch.ones(q, cache_len, dtype=torch.bool), new_mask], dim=1
-        ).to(device)[None, None]
+        mask = torch.cat([torch.ones(q, cache_len, dtype=torch.bool, device=device), new_mask], dim=1)
         return PackedCall(
             input_ids=input_ids,
-            position_ids=(positions + first).to(device)[None],
-            attention_mask=mask,
+            position_ids=(positions + first)[None],
+            attention_mask=mask[None, None],
             logit_rows=torch.cat(kept),
             verifier_rows=verifier_rows,
             proposal_rows=proposal_rows,
             cache_rows_before_draft=t,
-            proposal_mask=proposal_mask.to(device),
+            proposal_mask=proposal_mask,
         )
 
 
-def _template(verify: bool, t: int, slots: int, proposals: tuple, first: int, n: int):
-    """Relative positions and the new-rows part of the mask; depends only on the call's shape."""
-    # Positions are relative to `first`, the position of row 0; P's last token sits at n - 1.
-    return _template_cached(verify, t, slots, proposals, n - 1 - first)
-
-
 @lru_cache(maxsize=256)
-def _template_cached(verify: bool, t: int, slots: int, proposals: tuple, last: int):
-    """`last` is the relative position of P's last token. Returns (positions, (q, q) bool mask,
-    (q,) proposal-row mask)."""
+def _template(verify: bool, t: int, slots: int, proposals: tuple, last: int, device: torch.device):
+    """Relative positions, the new-rows part of the mask and the proposal-row mask, built once per
+    call shape and device (regular calls of a schedule all share one). `last` is the relative
+    position of P's last token. Returns (positions, (q, q) bool mask, (q,) proposal-row mask)."""
     pos, group, limit = [], [], []
     if verify:
         for i in range(t + slots):
@@ -152,7 +145,7 @@ def _template_cached(verify: bool, t: int, slots: int, proposals: tuple, last: i
             sees_before = start + 1
         for x in block:
             pos.append(x), group.append(g), limit.append(sees_before)
-    pos_t, group_t, limit_t = torch.tensor(pos), torch.tensor(group), torch.tensor(limit)
+    pos_t, group_t, limit_t = (torch.tensor(x, device=device) for x in (pos, group, limit))
     sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
     same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
     return pos_t, sees_verifier | same_block, group_t >= 0
