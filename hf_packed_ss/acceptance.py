@@ -79,7 +79,8 @@ class Greedy:
     def verify(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Algorithm 1, lines 5-6. `logits` ``(k + 1, V)``: row i scores draft position i + 1.
 
-        Returns d^(1..h) followed by v^(h+1) (correction or bonus), and h."""
+        Returns d^(1..h) followed by v^(h+1) (correction or bonus), and h. Without a bonus row
+        (``k`` rows: an any-order window whose every position has a draft) a full match returns d alone."""
         verified = logits.argmax(dim=-1)
         k = draft.numel()
         h = int((draft == verified[:k]).cumprod(dim=0).sum()) if k else 0
@@ -104,6 +105,8 @@ class RejectionSampler:
             ratio = p[torch.arange(k), draft] / q.prob(draft).to(p.dtype)  # Q(d) > 0: d was drawn from Q
             u = torch.rand(k, generator=self.generator, dtype=p.dtype, device=p.device)
             h = int((u < ratio).cumprod(dim=0).sum())  # u < min(1, ratio) == u < ratio as u < 1
+        if h == k == logits.shape[0]:
+            return draft, h  # any-order window fully accepted: no bonus row (appendix C, A_t = u_t)
         if h < k:
             residual = (p[h] - q.dense(h).to(p.dtype)).clamp_min(0)
             # Rejection implies p(d) < Q(d), so the residual has mass; rounding could still zero it.

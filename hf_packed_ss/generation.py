@@ -6,26 +6,61 @@ and hands one sequence to the Runner. Without `assistant_mode` it is stock `gene
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, MaxTimeCriteria, StoppingCriteriaList, StopStringCriteria
+from transformers import (
+    GenerationConfig,
+    MaxTimeCriteria,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
+from .any_order_runner import run_any_order
 from .candidates import PackedSSCandidateGenerator
-from .layouts import NemotronLayout
+from .layouts import NemotronLayout, SetDLMLayout
 from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
+from .order import ORDERS
 from .runner import Forward, run
-from .schedules import SCHEDULES
+from .schedules import SCHEDULES, WINDOW_SCHEDULES
 from .stats import DecodingStats
 
-# Layout per model family (config.model_type); a family without one cannot take assistant_mode yet.
-LAYOUTS = {"nemotron_labs_diffusion": NemotronLayout}
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
           "assistant_model")
+# Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
+_OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
+            "stop_sequences": None}
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
+NATIVE_THRESHOLD = 0.9  # appendix E.6
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family decodes: its layout, schedules, runner and the widths it allows."""
+
+    layout: type
+    schedules: dict
+    runner: Callable
+    any_order: bool
+
+    def widths(self, config) -> tuple[int, int]:
+        """(largest width, default width for a mode) from the config."""
+        if self.any_order:  # W <= S_max; the release pairs smax 2W with window W (appendix E.1)
+            return config.max_block_size, max(1, config.max_block_size // 2)
+        return config.block_size - 1, config.block_size - 1
+
+
+# Decoding engine per model family (config.model_type).
+FAMILIES = {
+    "nemotron_labs_diffusion": Family(NemotronLayout, SCHEDULES, run, any_order=False),
+    "setdlm": Family(SetDLMLayout, WINDOW_SCHEDULES, run_any_order, any_order=True),
+}
+MODES = sorted(set(SCHEDULES) | set(WINDOW_SCHEDULES))
 
 
 @dataclass
@@ -60,9 +95,11 @@ def model_forward(model: torch.nn.Module) -> Forward:
 
 
 def default_width(config, mode: str) -> int:
-    """Largest width the model's block size allows (W = B - 1); Quadratic-SS keeps the paper's B = 8."""
-    widest = config.block_size - 1
-    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" else widest
+    """Nemotron: the largest width the block size allows (W = B - 1), Quadratic-SS keeping the paper's
+    B = 8. SetDLM: half the training horizon (smax16 -> W = 8)."""
+    family = FAMILIES[config.model_type]
+    widest, default = family.widths(config)
+    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" and not family.any_order else default
 
 
 def _reject(condition: bool, message: str) -> None:
@@ -70,18 +107,25 @@ def _reject(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def validate(model, mode: str, width, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
+def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
              hooks: dict) -> int:
     """Check a speculative request once, at the front door; returns the speculative width to use."""
+    mode, width = options["assistant_mode"], options["speculative_width"]
     _reject(
-        mode not in SCHEDULES,
-        f"Unknown assistant_mode={mode!r}; choose one of {sorted(SCHEDULES)}, or leave it unset for stock generate.",
+        mode not in MODES,
+        f"Unknown assistant_mode={mode!r}; choose one of {MODES}, or leave it unset for stock generate.",
     )
     model_type = getattr(model.config, "model_type", None)
     _reject(
-        model_type not in LAYOUTS,
-        f"assistant_mode has no packed layout for model_type={model_type!r} yet (available: {sorted(LAYOUTS)}); "
+        model_type not in FAMILIES,
+        f"assistant_mode has no packed layout for model_type={model_type!r} (available: {sorted(FAMILIES)}); "
         "call generate without assistant_mode.",
+    )
+    family = FAMILIES[model_type]
+    _reject(
+        mode not in family.schedules,
+        f"assistant_mode={mode!r} is SetDLM's own decoder and needs an any-order model (model_type 'setdlm'); "
+        f"{model_type!r} takes {sorted(family.schedules)}.",
     )
     mask_token_id = getattr(model.config, "mask_token_id", None)
     _reject(
@@ -89,14 +133,35 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
         f"{type(model).__name__} has no `config.mask_token_id`, so it has no diffusion mode to draft with. "
         "Set the mask token id of its diffusion mode, or call generate without assistant_mode.",
     )
-    block_size = getattr(model.config, "block_size", None)
-    _reject(not block_size or block_size < 2, "The model config needs `block_size` >= 2 (the diffusion block B).")
+    size = "max_block_size" if family.any_order else "block_size"
+    block_size = getattr(model.config, size, None)
+    _reject(not block_size or block_size < 2 - family.any_order,
+            f"The model config needs `{size}` >= {2 - family.any_order} (the diffusion block).")
+    widest, _ = family.widths(model.config)
     width = default_width(model.config, mode) if width is None else width
     _reject(
-        isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= block_size - 1,
-        f"speculative_width={width!r} is out of range: use an integer in [1, {block_size - 1}] "
-        f"(block size B = W + 1 must not exceed the model's block_size={block_size}).",
+        isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= widest,
+        f"speculative_width={width!r} is out of range: use an integer in [1, {widest}] "
+        + (f"(the window may not exceed the training horizon max_block_size={block_size})." if family.any_order else
+           f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
     )
+    order = options["verify_order"]
+    _reject(order is not None and order not in ORDERS,
+            f"Unknown verify_order={order!r}; choose one of {sorted(ORDERS)}.")
+    _reject(order == "confidence" and not family.any_order,
+            f"verify_order='confidence' needs an any-order model (model_type 'setdlm'); {model_type!r} verifies "
+            "left to right only.")
+    _reject(mode == "native" and order not in (None, "ltr"),
+            "assistant_mode='native' commits by confidence threshold and has no verification order: drop verify_order.")
+    threshold = options["confidence_threshold"]
+    _reject(threshold is not None and mode != "native",
+            f"confidence_threshold only applies to assistant_mode='native' (got {mode!r}): drop it.")
+    _reject(threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1),
+            f"confidence_threshold={threshold!r} must be a probability in (0, 1].")
+    stops = options["stop_sequences"]
+    _reject(stops is not None and not (isinstance(stops, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and x and all(isinstance(t, int) for t in x) for x in stops)),
+        "stop_sequences must be a list of non-empty token-id lists, e.g. [[13, 13], [2]].")
     _reject(input_ids.dim() != 2, f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
     _reject(
         input_ids.shape[0] != 1,
@@ -141,10 +206,27 @@ def validate(model, mode: str, width, input_ids: torch.Tensor, config: Generatio
     return width
 
 
-def stopping(config: GenerationConfig, criteria, tokenizer):
-    """`stop(sequence) -> bool` from the user's stopping criteria, `stop_strings` and `max_time`
-    (EOS and the length limit are the Runner's own, exact, checks), or None when there is nothing to ask."""
+class StopSequenceCriteria(StoppingCriteria):
+    """Stop once the sequence ends with one of the token-id `stop_sequences` (multi-token end markers)."""
+
+    def __init__(self, stop_sequences):
+        self.stop_sequences = [torch.tensor(x, dtype=torch.long) for x in stop_sequences]
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for marker in self.stop_sequences:
+            if input_ids.shape[1] >= marker.numel():
+                done |= (input_ids[:, -marker.numel():] == marker.to(input_ids.device)).all(dim=1)
+        return done
+
+
+def stopping(config: GenerationConfig, criteria, tokenizer, stop_sequences=None):
+    """`stop(sequence) -> bool` from the user's stopping criteria, `stop_sequences`, `stop_strings` and
+    `max_time` (EOS and the length limit are the Runner's own, exact, checks), or None when there is
+    nothing to ask."""
     checks = StoppingCriteriaList(criteria or [])
+    if stop_sequences:
+        checks.append(StopSequenceCriteria(stop_sequences))
     if config.stop_strings is not None:
         checks.append(StopStringCriteria(stop_strings=config.stop_strings, tokenizer=tokenizer))
     if config.max_time is not None:
@@ -155,15 +237,20 @@ def stopping(config: GenerationConfig, criteria, tokenizer):
 
 
 def speculative_generate(model, stock_generate, *args, **kwargs):
-    """`generate` with the `assistant_mode` / `speculative_width` fields; `stock_generate` untouched otherwise.
+    """`generate` with our options (`assistant_mode`, `speculative_width`, `verify_order`,
+    `confidence_threshold`, `stop_sequences`); `stock_generate` untouched without `assistant_mode`.
 
     Precedence: explicit kwargs > the `generation_config` passed > `model.generation_config`.
     """
     generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
     base = generation_config if generation_config is not None else model.generation_config
-    mode = kwargs.pop("assistant_mode", getattr(base, "assistant_mode", None))
-    width = kwargs.pop("speculative_width", getattr(base, "speculative_width", None))
-    if mode is None:
+    explicit = sorted(k for k in ("speculative_width", "verify_order", "confidence_threshold") if kwargs.get(k))
+    options = {k: kwargs.pop(k, getattr(base, k, default)) for k, default in _OPTIONS.items()}
+    if options["assistant_mode"] is None:
+        _reject(bool(explicit), f"{explicit} only apply with assistant_mode=...: set assistant_mode or drop them.")
+        if options["stop_sequences"]:  # stock generate gets the same criterion
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            kwargs["stopping_criteria"] = criteria + [StopSequenceCriteria(options["stop_sequences"])]
         return stock_generate(*args, **kwargs)
 
     _reject(len(args) > 2, "Pass generate options other than the prompt and generation_config as keywords.")
@@ -176,7 +263,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     hooks = {k: kwargs.pop(k) for k in _HOOKS if k in kwargs}
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
-    width = validate(decoder, mode, width, input_ids, config, model_kwargs, hooks)
+    width = validate(decoder, options, input_ids, config, model_kwargs, hooks)
 
     prompt_len = input_ids.shape[1]
     if max_new is None:
@@ -191,21 +278,28 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         device=input_ids.device,
     )
     acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
-    stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"))
-    schedule = SCHEDULES[mode](width, acceptance)
-    candidates = PackedSSCandidateGenerator(schedule)
+    stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"), options["stop_sequences"])
+    family = FAMILIES[decoder.config.model_type]
+    mode = options["assistant_mode"]
+    extra = {}
+    if family.any_order:
+        extra["verify_order"] = options["verify_order"] or "ltr"
+        if mode == "native":
+            extra["confidence_threshold"] = options["confidence_threshold"] or NATIVE_THRESHOLD
+    schedule = family.schedules[mode](width, acceptance, **extra)
+    candidates = None if family.any_order else PackedSSCandidateGenerator(schedule)
     with torch.no_grad(), proposal_only_adapters(decoder):
-        sequence, stats = run(
+        sequence, stats = family.runner(
             model_forward(decoder),
             schedule,
-            LAYOUTS[decoder.config.model_type](decoder.config.mask_token_id),
+            family.layout(decoder.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
             eos,
             processors,
             stop,
             hooks.get("streamer"),
-            candidates=candidates,
+            **({} if candidates is None else {"candidates": candidates}),
         )
     sequences = sequence[None]
     if config.return_dict_in_generate:

@@ -63,3 +63,31 @@ class CallResult:
 
     verifier: torch.Tensor | None
     proposals: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One call of any-order decoding (Algorithm 3) over the active window U_t.
+
+    Positions are output positions (0 = first token after the prompt). Ranks follow the order pi_t.
+
+    Attributes:
+        order: pi_t, the unresolved positions of the window by verification rank.
+        draft: the stored draft token at each rank (None where a position has none), or None for a
+            call without old-draft rows (AR, drafting-only and native calls).
+        verify: whether the call has one verifier query per rank.
+        regions: proposal regions; region ``b`` drafts every rank from P_{t-1} plus the draft tokens
+            at ranks ``< b`` (Packed-SS and Linear-SS: ``(0,)``; Quadratic-SS: ``0..u-1``).
+    """
+
+    order: tuple[int, ...]
+    draft: tuple[int | None, ...] | None = None
+    verify: bool = True
+    regions: tuple[int, ...] = ()
+
+    @property
+    def available(self) -> int:
+        """kappa_t: ranks with a stored draft before the first missing one."""
+        if self.draft is None:
+            return 0
+        return next((r for r, d in enumerate(self.draft) if d is None), len(self.draft))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_packed_ss  # noqa: F401  (registers the Auto classes)
-from hf_packed_ss import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
+from hf_packed_ss import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, SetDLMConfig, SetDLMModel
 from hf_packed_ss.bundled import yarn_rope
 
 # Tiny models gain nothing from intra-op threads, and with one pytest-xdist worker per core extra
@@ -43,6 +43,24 @@ def tiny_model(seed: int, **overrides) -> NemotronLabsDiffusionModel:
     torch.manual_seed(seed)
     model = NemotronLabsDiffusionModel(tiny_config(**overrides)).to(torch.float64).eval()
     with torch.no_grad():  # larger weights than the default init: sharper, less repetitive outputs
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+SETDLM_MASK = 39
+
+
+def tiny_setdlm(seed: int, **overrides) -> SetDLMModel:
+    """A random SetDLM-format model (vocabulary 40, MASK = 39) in float64 with sharp logits."""
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, mask_token_id=SETDLM_MASK, max_position_embeddings=512,
+                  max_block_size=16)
+    fields.update(overrides)
+    model = SetDLMModel(SetDLMConfig(**fields)).to(torch.float64).eval()
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.3)

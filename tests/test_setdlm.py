@@ -3,27 +3,12 @@ from duplicate MASK rows (the reference that any-order decoding must reproduce).
 
 from __future__ import annotations
 
-import pytest
 import torch
-from conftest import reference_greedy
+from conftest import SETDLM_MASK as MASK
+from conftest import reference_greedy, tiny_setdlm
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_packed_ss import SetDLMConfig, SetDLMModel
-
-MASK = 39
-
-
-def tiny_setdlm(seed: int) -> SetDLMModel:
-    torch.manual_seed(seed)
-    config = SetDLMConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, mask_token_id=MASK,
-                          max_position_embeddings=512, max_block_size=16)
-    model = SetDLMModel(config).to(torch.float64).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    return model
 
 
 def duplicate_mask_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -81,9 +66,3 @@ def test_auto_classes_and_offline_round_trip(tmp_path):
     assert isinstance(loaded, SetDLMModel)
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(loaded(ids).logits, model(ids).logits)
-
-
-def test_assistant_mode_rejected_until_the_setdlm_layout_exists():
-    model = tiny_setdlm(0)
-    with pytest.raises(ValueError, match="no packed layout for model_type='setdlm'"):
-        model.generate(torch.tensor([[1, 2]]), assistant_mode="packed_ss", max_new_tokens=3)

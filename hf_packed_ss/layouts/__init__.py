@@ -1,5 +1,6 @@
-"""Layouts: how one model family is asked a `CallPlan` (paper appendix D)."""
+"""Layouts: how one model family is asked a plan (paper appendix D)."""
 
 from .nemotron import NemotronLayout, PackedCall
+from .setdlm import SetDLMLayout
 
-__all__ = ["NemotronLayout", "PackedCall"]
+__all__ = ["NemotronLayout", "PackedCall", "SetDLMLayout"]

@@ -71,8 +71,9 @@ class PackedCall:
         return CallResult(verifier=verifier, proposals=[logits[s] for s in self.proposal_rows])
 
     def rows_to_cache(self, n_accepted_draft: int | None) -> int:
-        """New rows that stay in the cache: the tail of P plus the accepted draft tokens."""
-        return 0 if n_accepted_draft is None else self.cache_rows_before_draft + n_accepted_draft
+        """New rows that stay in the cache: the rows cached whatever is accepted (the tail of P) plus
+        the accepted draft tokens (None: the call verified nothing)."""
+        return self.cache_rows_before_draft + (n_accepted_draft or 0)
 
 
 class NemotronLayout:

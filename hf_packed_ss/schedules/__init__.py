@@ -1,5 +1,7 @@
-"""Decoding schedules, by `assistant_mode` name."""
+"""Decoding schedules, by `assistant_mode` name: prefix schedules (Nemotron layout) and any-order window
+schedules (SetDLM layout)."""
 
+from .any_order import WINDOW_SCHEDULES, NativeSchedule, WindowSchedule
 from .ar import ARSchedule
 from .base import Schedule
 from .linear_ss import LinearSSSchedule
@@ -11,10 +13,13 @@ SCHEDULES: dict[str, type[Schedule]] = {
 
 __all__ = [
     "SCHEDULES",
+    "WINDOW_SCHEDULES",
     "ARSchedule",
     "BranchedSSSchedule",
     "LinearSSSchedule",
+    "NativeSchedule",
     "PackedSSSchedule",
     "QuadraticSSSchedule",
     "Schedule",
+    "WindowSchedule",
 ]

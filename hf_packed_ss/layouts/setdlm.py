@@ -1,0 +1,86 @@
+"""The SetDLM layout (paper appendix D.2): duplicate token / MASK rows that share a position id.
+
+Rows of a call, in order (cacheable rows first, so committing the cache is one crop):
+
+1. N: accepted tokens not yet processed as inputs (the pending correction; the prompt on the first
+   call; a native step's committed tokens), causal among themselves.
+2. O: the old draft at each rank of pi_t (MASK where a rank has none).
+3. M: one verifier MASK per rank.
+4. R: one proposal region of one MASK per rank, for each requested region.
+
+Every row sees the cache and all N rows. O_r and M_r also see the O rows of earlier ranks that hold a
+draft token; region b's rows see those of ranks < b; every O, M or R row sees itself and no other
+MASK row. The three rows of rank r share the position id of pi_t(r), and a MASK row's logit scores its
+own position. Worked example: prompt (p0..p5) cached, pending correction c at output position 0,
+window U = {1, 2} with drafts d1, d2, LTR order, Packed-SS (region 0)::
+
+    row  token  pos  sees (besides the cache)
+     0   c       6   0                       N
+     1   d1      7   0-1                     O (rank 0)
+     2   d2      8   0-2                     O (rank 1)
+     3   MASK    7   0, 3                    M rank 0: position 1 given P
+     4   MASK    8   0-1, 4                  M rank 1: position 2 given P + d1
+     5   MASK    7   0, 5                    R rank 0: position 1 given P
+     6   MASK    8   0, 6                    R rank 1: position 2 given P
+
+After h accepted draft tokens the cache keeps rows 0..h; M and R rows never enter it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan import WindowPlan
+from .nemotron import PackedCall
+
+ROW_N, ROW_O, ROW_M, ROW_R = 0, 1, 2, 3  # row kinds
+
+
+class SetDLMLayout:
+    """Builds `PackedCall`s for same-position predictors (the logit at a MASK row scores its own position)."""
+
+    def __init__(self, mask_token_id: int):
+        self.mask_token_id = mask_token_id
+
+    def build(self, plan: WindowPlan, pending: torch.Tensor, pending_positions: torch.Tensor, origin: int,
+              cache_len: int) -> PackedCall:
+        """Lay out `plan` after a cache of `cache_len` rows. `pending` are the N tokens at absolute
+        positions `pending_positions`; output position j sits at absolute position `origin + j`."""
+        device = pending.device
+        u, p = len(plan.order), pending.numel()
+        masks = [self.mask_token_id] * u
+        # Per row: token, position, kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
+        ids, pos = pending.tolist(), pending_positions.tolist()
+        kind, rank, bound = [ROW_N] * p, list(range(p)), [-1] * p
+        drafted = [False] * p
+
+        def add(tokens: list[int], k: int, bounds: list[int], has_draft: list[bool]) -> None:
+            ids.extend(tokens), pos.extend(j + origin for j in plan.order), kind.extend([k] * u)
+            rank.extend(range(u)), bound.extend(bounds), drafted.extend(has_draft)
+
+        if plan.draft is not None:
+            add([masks[0] if d is None else d for d in plan.draft], ROW_O, list(range(u)),
+                [d is not None for d in plan.draft])
+        if plan.verify:
+            add(masks, ROW_M, list(range(u)), [False] * u)
+        for b in plan.regions:
+            add(masks, ROW_R, [b] * u, [False] * u)
+        kind_t, rank_t, bound_t, drafted_t = (torch.tensor(x) for x in (kind, rank, bound, drafted))
+        is_n = kind_t == ROW_N
+        sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
+        sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
+        new = sees_n | sees_o | torch.eye(len(ids), dtype=torch.bool)
+        q = len(ids)
+        mask = torch.cat([torch.ones(q, cache_len, dtype=torch.bool), new], dim=1)
+        n_verify = u if plan.verify else 0
+        first_logit = p + (u if plan.draft is not None else 0)  # M and R rows follow N and O
+        return PackedCall(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+            position_ids=torch.tensor([pos], dtype=torch.long, device=device),
+            attention_mask=mask[None, None].to(device),
+            logit_rows=torch.arange(first_logit, q, device=device),
+            verifier_rows=slice(0, n_verify) if plan.verify else None,
+            proposal_rows=[slice(n_verify + g * u, n_verify + (g + 1) * u) for g in range(len(plan.regions))],
+            cache_rows_before_draft=p,
+            proposal_mask=(kind_t == ROW_R).to(device),
+        )

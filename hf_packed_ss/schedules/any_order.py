@@ -1,0 +1,173 @@
+"""Any-order decoding (paper appendix C, Algorithm 3) over an active window of unresolved positions.
+
+The runner hands each call the window U_t (up to W unresolved positions starting at the leftmost one);
+a schedule picks the order pi_t from scores known before the call, verifies its stored draft in that
+order with a same-position verifier, and keeps the proposals for positions that stay unresolved.
+Drafts are keyed by output position, so an order never moves a draft token. A call's accepted
+tokens come back as ``(position, token)`` pairs in rank order together with h, the number of them
+that were draft tokens (their rows enter the cache in this call; the last pair of a partial match is
+the verifier's correction, processed as an input by the next call).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
+from ..order import ORDERS
+from ..plan import CallResult, WindowPlan
+
+Accepted = list[tuple[int, int]]
+
+
+def _confidence(tokens: torch.Tensor, q: ProposalDistribution | None, logits: torch.Tensor) -> torch.Tensor:
+    """The probability the drafter gave each proposed token (its stored Q when sampling)."""
+    return q.prob(tokens) if q is not None else probabilities(logits).gather(-1, tokens[:, None])[:, 0]
+
+
+class WindowSchedule:
+    """Shared state: draft tokens, the Q they were drawn from, and a confidence score per position."""
+
+    name = ""
+    calls_per_iteration = 1
+
+    def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr"):
+        self.width = width
+        self.acceptance = acceptance or Greedy()
+        self.order = ORDERS[verify_order]
+        self.draft: dict[int, int] = {}  # D_{t-1}: position -> token
+        self.q: ProposalDistribution | None = None  # Q of the proposal call the draft came from
+        self.q_row: dict[int, int] = {}  # position -> row of `q`
+        self.score: dict[int, float] = {}  # appendix E.6 confidence score per position
+
+    def plan(self, window: list[int]) -> WindowPlan:
+        raise NotImplementedError
+
+    def advance(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int] | None:
+        raise NotImplementedError
+
+    def _stored(self, order: tuple[int, ...]) -> tuple[int | None, ...]:
+        return tuple(self.draft.get(j) for j in order)
+
+    def _verify(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int]:
+        """Algorithm 3, lines 7 and 9-10: check the available draft prefix in rank order; A_t = min(h+1, u)."""
+        k = plan.available
+        draft = torch.tensor([plan.draft[r] for r in range(k)], dtype=torch.long)
+        q = None if self.q is None else self.q[[self.q_row[j] for j in plan.order[:k]]]
+        logits = result.verifier[: min(k + 1, len(plan.order))]
+        accepted, h = self.acceptance.verify(draft.to(logits.device), q, logits)
+        return list(zip(plan.order, accepted.tolist(), strict=False)), h
+
+    def _draft_from(self, positions: list[int], logits: torch.Tensor, scored: bool = True) -> None:
+        """Algorithm 3, line 15: the proposals at positions still unresolved become D_t."""
+        if not positions:  # the whole window was accepted
+            self.draft, self.q, self.q_row = {}, None, {}
+            self.score = {} if scored else self.score
+            return
+        tokens, q = self.acceptance.propose(logits)
+        self.draft = dict(zip(positions, tokens.tolist(), strict=True))
+        self.q, self.q_row = q, {j: i for i, j in enumerate(positions)}
+        if scored:  # E.6: the probability the drafter gave its token when proposing it
+            self.score = dict(zip(positions, _confidence(tokens, q, logits).tolist(), strict=True))
+
+
+class WindowARSchedule(WindowSchedule):
+    """AR decoding on a same-position model: one verifier MASK at the leftmost unresolved position."""
+
+    name = "ar"
+
+    def plan(self, window: list[int]) -> WindowPlan:
+        return WindowPlan(order=tuple(window[:1]))
+
+    def advance(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int]:
+        return self._verify(plan, result)
+
+
+class WindowPackedSSSchedule(WindowSchedule):
+    """Algorithm 3: verify D_{t-1} in order pi_t and draft every position of U_t from P_{t-1}, in one call."""
+
+    name = "packed_ss"
+
+    def regions(self, u: int) -> tuple[int, ...]:
+        return (0,)
+
+    def plan(self, window: list[int]) -> WindowPlan:
+        order = self.order(window, self.score)
+        return WindowPlan(order=order, draft=self._stored(order), regions=self.regions(len(order)))
+
+    def advance(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int]:
+        accepted, h = self._verify(plan, result)
+        # Region b drafted from P_{t-1} plus the drafts at ranks < b: take the largest b <= h.
+        g = max(i for i, b in enumerate(plan.regions) if b <= h)
+        rest = list(range(len(accepted), len(plan.order)))
+        self._draft_from([plan.order[r] for r in rest], result.proposals[g][rest])
+        return accepted, h
+
+
+class WindowQuadraticSSSchedule(WindowPackedSSSchedule):
+    """One proposal region per acceptance count h = 0..u-1, following pi_t: p + 2u + u^2 rows."""
+
+    name = "quadratic_ss"
+
+    def regions(self, u: int) -> tuple[int, ...]:
+        return tuple(range(u))
+
+
+class WindowLinearSSSchedule(WindowSchedule):
+    """Drafting call [N | R] from the newest prefix, then verification call [O | M]: p + 3u rows.
+
+    Its confidence score is the verifier's top probability at each position in the previous
+    iteration (appendix E.6); the order is fixed before the drafting call."""
+
+    name = "linear_ss"
+    calls_per_iteration = 2
+
+    def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr"):
+        super().__init__(width, acceptance, verify_order)
+        self.pending_order: tuple[int, ...] | None = None
+
+    def plan(self, window: list[int]) -> WindowPlan:
+        if self.pending_order is None:
+            return WindowPlan(order=self.order(window, self.score), verify=False, regions=(0,))
+        return WindowPlan(order=self.pending_order, draft=self._stored(self.pending_order))
+
+    def advance(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int] | None:
+        if not plan.verify:
+            self._draft_from(list(plan.order), result.proposals[0], scored=False)
+            self.pending_order = plan.order
+            return None
+        accepted, h = self._verify(plan, result)
+        top = probabilities(result.verifier).max(dim=-1).values.tolist()
+        self.score = dict(zip(plan.order, top, strict=True))
+        self.draft, self.q, self.pending_order = {}, None, None
+        return accepted, h
+
+
+class NativeSchedule(WindowSchedule):
+    """SetDLM's own sliding-window threshold decoder (not exact; a speed/accuracy reference).
+
+    Each call drafts every masked position of the window from the committed tokens and commits the
+    most confident one plus every one whose probability is at least `confidence_threshold`."""
+
+    name = "native"
+
+    def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
+                 confidence_threshold: float = 0.9):
+        super().__init__(width, acceptance, verify_order)
+        self.threshold = confidence_threshold
+
+    def plan(self, window: list[int]) -> WindowPlan:
+        return WindowPlan(order=tuple(window), verify=False, regions=(0,))
+
+    def advance(self, plan: WindowPlan, result: CallResult) -> tuple[Accepted, int]:
+        tokens, q = self.acceptance.propose(result.proposals[0])
+        probs = _confidence(tokens, q, result.proposals[0])
+        commit = probs >= self.threshold
+        commit[probs.argmax()] = True
+        return [(plan.order[r], int(tokens[r])) for r in commit.nonzero()[:, 0].tolist()], 0
+
+
+WINDOW_SCHEDULES: dict[str, type[WindowSchedule]] = {
+    s.name: s for s in (WindowARSchedule, WindowLinearSSSchedule, WindowQuadraticSSSchedule, WindowPackedSSSchedule,
+                        NativeSchedule)
+}
