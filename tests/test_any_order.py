@@ -265,3 +265,45 @@ def test_eos_before_accepted_later_positions_drops_them_exactly(setdlms, mode):
     assert max(accepted) > len(out) - 1 and out[-1] in eos  # the case under test happened
     assert out == serial_reference(model, prompt, 40, trace, eos)
     assert stats.new_tokens == len(out)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(assistant_mode="packed_ss", speculative_width=17), r"\[1, 16\].*max_block_size=16"),
+        (dict(assistant_mode="packed_ss", speculative_width=0), "out of range"),
+        (dict(assistant_mode="packed_ss", verify_order="random"), "Unknown verify_order"),
+        (dict(assistant_mode="native", verify_order="confidence"), "no verification order"),
+        (dict(assistant_mode="packed_ss", confidence_threshold=0.5), "only applies to assistant_mode='native'"),
+        (dict(assistant_mode="native", confidence_threshold=1.5), r"probability in \(0, 1\]"),
+        (dict(assistant_mode="packed_ss", stop_sequences=[[]]), "non-empty token-id lists"),
+        (dict(verify_order="confidence"), "only apply with assistant_mode"),
+    ],
+)
+def test_bad_any_order_options_raise(setdlms, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        setdlms[0].generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, **kwargs)
+
+
+def test_nemotron_refuses_any_order_only_options():
+    from conftest import tiny_model
+
+    model = tiny_model(0)
+    with pytest.raises(ValueError, match="native.*any-order model"):
+        model.generate(torch.tensor([[1, 2]]), assistant_mode="native", max_new_tokens=3)
+    with pytest.raises(ValueError, match="confidence.*any-order model"):
+        model.generate(torch.tensor([[1, 2]]), assistant_mode="packed_ss", verify_order="confidence", max_new_tokens=3)
+
+
+def test_generate_defaults_and_stats(setdlms):
+    model = setdlms[0]
+    out = model.generate(torch.tensor([[4, 5]]), max_new_tokens=20, assistant_mode="packed_ss",
+                         return_dict_in_generate=True)
+    stats = out.decoding_stats
+    assert stats.width == 8  # half the training horizon max_block_size = 16
+    assert stats.new_tokens == 20 == sum(stats.accepted_per_iteration) and stats.nfe == len(stats.rows_per_call)
+    empty = model.generate(torch.tensor([[4, 5]]), max_new_tokens=0, assistant_mode="packed_ss")
+    assert empty.tolist() == [[4, 5]]
+    native = model.generate(torch.tensor([[4, 5]]), max_new_tokens=12, assistant_mode="native",
+                            confidence_threshold=0.5, return_dict_in_generate=True)
+    assert native.sequences.shape == (1, 14) and native.decoding_stats.schedule == "native"

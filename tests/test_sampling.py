@@ -14,15 +14,16 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, tiny_setdlm
 from scipy.stats import chisquare
 from transformers import GenerationConfig
 
 from hf_packed_ss.acceptance import Greedy, ProposalDistribution, RejectionSampler, probabilities
+from hf_packed_ss.any_order_runner import run_any_order
 from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import NemotronLayout
+from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
 from hf_packed_ss.runner import run
-from hf_packed_ss.schedules import SCHEDULES, PackedSSSchedule
+from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule, WindowSchedule
 
 V, EOS, L, WIDTH = 6, 0, 3, 2
 PROMPT = torch.tensor([1, 2])
@@ -68,12 +69,15 @@ def exact_distribution(model, processors) -> dict[tuple, float]:
 
 def sample(model, schedule, processors, n: int, seed: int) -> Counter:
     torch.manual_seed(seed)
-    forward, layout = model_forward(model), NemotronLayout(model.config.mask_token_id)
+    any_order = isinstance(schedule, WindowSchedule)
+    forward = model_forward(model)
+    layout = (SetDLMLayout if any_order else NemotronLayout)(model.config.mask_token_id)
+    runner = run_any_order if any_order else run
     counts: Counter = Counter()
     with torch.no_grad():
         for _ in range(n):
             schedule.__init__(schedule.width, schedule.acceptance)  # fresh decoder state
-            seq, _ = run(forward, schedule, layout, PROMPT, L, [EOS], processors)
+            seq, _ = runner(forward, schedule, layout, PROMPT, L, [EOS], processors)
             counts[tuple(seq[PROMPT.numel():].tolist())] += 1
     return counts
 
@@ -107,6 +111,23 @@ def test_schedules_sample_the_ar_distribution(model, mode, options):
     assert abs(sum(exact.values()) - 1) < 1e-9
     schedule = SCHEDULES[mode](WIDTH, RejectionSampler())
     counts = sample(model, schedule, processors, SAMPLES, seed=1234)
+    assert p_value(counts, exact) > THRESHOLD
+
+
+@pytest.fixture(scope="module")
+def setdlm():
+    return tiny_setdlm(5, vocab_size=V + 1, mask_token_id=V, hidden_size=16, num_hidden_layers=1,
+                       intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.mark.parametrize("options", ["plain", "min_p0.1-rep1.5"])
+@pytest.mark.parametrize("mode", ["linear_ss", "quadratic_ss", "packed_ss"])
+def test_any_order_schedules_sample_the_ar_distribution(setdlm, mode, options):
+    """SetDLM format, LTR order, window W = 2 (the window may be fully accepted without a bonus token)."""
+    processors = _processors(setdlm, OPTIONS[options])
+    exact = exact_distribution(setdlm, processors)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    counts = sample(setdlm, WINDOW_SCHEDULES[mode](WIDTH, RejectionSampler()), processors, SAMPLES, seed=99)
     assert p_value(counts, exact) > THRESHOLD
 
 

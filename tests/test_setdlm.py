@@ -66,3 +66,34 @@ def test_auto_classes_and_offline_round_trip(tmp_path):
     assert isinstance(loaded, SetDLMModel)
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_release_folder_loads_with_key_mapping(tmp_path):
+    """A folder in the layout of a released `setdlm-gsm8k-smax16` (BD3LM config, `backbone.model.*` keys)."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    from hf_packed_ss.models.setdlm import load_release
+
+    model = tiny_setdlm(3)
+    folder = tmp_path / "setdlm-gsm8k-smax16"
+    folder.mkdir()
+    renamed = {"backbone.model." + k: v.contiguous()
+               for k, v in model.state_dict().items()}
+    save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    release = {"model_type": "bd3lm", "architectures": ["SetDLM"], "auto_map": {"AutoModel": "diffusion.BD3LM"},
+               "length": 1024, "block_size": 1024, "mask_token_id": MASK,
+               "backbone_config": {"_target_": "backbone_automodel.AutoModelFromPreTrained",
+                                   "pretrained_model_name_or_path": "Qwen/Qwen3-1.7B-Base"},
+               "noise_config": {"block_size": 1024, "max_block_size": 1024, "desired_block_size": 1}}
+    (folder / "config.json").write_text(json.dumps(release))
+    backbone = Qwen3Config(**{k: v for k, v in model.config.to_dict().items()
+                              if k not in ("model_type", "mask_token_id", "max_block_size", "block_size")})
+    loaded = load_release(folder, backbone, dtype=torch.float64)
+    assert loaded.config.max_block_size == 16 and loaded.config.mask_token_id == MASK  # smax16 from the name
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    out = loaded.generate(ids, max_new_tokens=12, assistant_mode="packed_ss")
+    assert out[0, 4:].tolist() == reference_greedy(model, ids[0], 12)

@@ -14,6 +14,10 @@ explicit 4D boolean ``attention_mask`` with ``position_ids`` runs any packed lay
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3Model
@@ -115,3 +119,44 @@ class SetDLMModel(DualModeModel):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{self._cache_kw: new_cache})
+
+
+# A released `kuleshov-group/setdlm-*` folder (class SetDLM(BD3LM), config BD3LMConfig, model_type "bd3lm")
+# stores a Qwen3ForCausalLM under `backbone.model`; these regexes rename its keys to ours on load.
+RELEASE_KEY_MAPPING = {r"^backbone\.model\.model\.": "model.", r"^backbone\.model\.lm_head\.": "lm_head."}
+
+
+def config_from_release(release: dict, backbone: Qwen3Config, name: str = "") -> SetDLMConfig:
+    """Our config for a released SetDLM folder.
+
+    The release's config.json does not hold the Qwen3 sizes (its `backbone_config` names the base model,
+    e.g. Qwen/Qwen3-1.7B-Base), so pass that base model's `Qwen3Config` as `backbone`. The MASK id is
+    `mask_token_id` (top level or `tokenization_config`); the horizon follows the release loader:
+    `noise_config.max_block_size` when it is below `block_size`, else twice the set size d from
+    `noise_config.desired_block_size` or the folder name (`smaxN` -> d = N/2), capped at `block_size`."""
+    noise = release.get("noise_config") or {}
+    block = int(noise.get("block_size") or release.get("block_size") or release.get("length") or 1024)
+    mask = release.get("mask_token_id", (release.get("tokenization_config") or {}).get("mask_token_id"))
+    if mask is None:
+        raise ValueError("The release config has no mask_token_id: pass the id of <|fim_middle|> in the config.")
+    horizon = noise.get("max_block_size")
+    if not horizon or horizon >= block:
+        d = noise.get("desired_block_size")
+        match = re.search(r"smax(\d+)", name)
+        if (not d or d == 1) and match:
+            d = int(match.group(1)) // 2
+        if not d or d == 1:
+            raise ValueError(f"Cannot tell the set size of {name!r}: pass max_block_size (smaxN -> N).")
+        horizon = min(2 * int(d), block)
+    fields = {**backbone.to_dict(), "mask_token_id": int(mask), "max_block_size": int(horizon), "block_size": block}
+    for key in ("model_type", "architectures", "transformers_version", "auto_map"):
+        fields.pop(key, None)
+    return SetDLMConfig(**fields)
+
+
+def load_release(path: str | Path, backbone: Qwen3Config, **kwargs) -> SetDLMModel:
+    """Load a released SetDLM checkpoint folder (local; nothing is downloaded) into `SetDLMModel`."""
+    path = Path(path)
+    release = json.loads((path / "config.json").read_text())
+    config = config_from_release(release, backbone, path.name)
+    return SetDLMModel.from_pretrained(path, config=config, key_mapping=RELEASE_KEY_MAPPING, **kwargs)
