@@ -1,6 +1,7 @@
 """``hf-packed-ss``: the command-line entry point.
 
-``hf-packed-ss run`` decodes one prompt with every schedule on one loaded model and prints the text
+``hf-packed-ss train`` trains a model of either format (`train.py`). ``hf-packed-ss run`` decodes one
+prompt with every schedule on one loaded model and prints the text
 and a table of tokens, NFE, tokens/NFE and wall time per schedule. Timings here are single runs for
 orientation; speed claims belong to the benchmark.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .generation import MODES
 from .schedules import SCHEDULES
 
 DEFAULT_PROMPT = "Question: Natalia sold clips to 48 of her friends in April. How many clips did she sell?\nAnswer:"
@@ -65,12 +67,19 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # its own parser: one flag per TrainConfig field
+        from .train import main as train_main
+
+        train_main(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(prog="hf-packed-ss", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="train a model of either format (see `hf-packed-ss train --help`)")
     run = sub.add_parser("run", help="decode one prompt with every schedule and compare")
     run.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
     run.add_argument("--prompt", default=DEFAULT_PROMPT)
-    run.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
+    run.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=MODES)
     run.add_argument("--width", type=int, default=None, help="speculative width W (default: the model's)")
     run.add_argument("--max-new-tokens", type=int, default=64)
     run.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])

@@ -1,0 +1,57 @@
+"""Drafting quality of a checkpoint: tokens per NFE on real prompts, counted only on non-degenerate output.
+
+A model that loops drafts itself trivially, so every figure comes with the two checks that rule that
+out: how many answers end with EOS within the token budget, and the most times any 6-gram repeats.
+Speed (wall time) is the benchmark's job; this module counts calls and tokens only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def gsm8k_prompts(file: Path = TEST, limit: int = 10) -> list[str]:
+    """The first `limit` GSM8K questions in the prompt format the bundled models were trained on."""
+    rows = [json.loads(line) for line in Path(file).read_text().splitlines()[:limit]]
+    return [f"Question: {r['question']}\nAnswer:" for r in rows]
+
+
+def max_ngram_repeats(tokens: list[int], n: int = 6) -> int:
+    """How many times the most frequent n-gram occurs (0 for sequences shorter than n)."""
+    grams = Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+    return max(grams.values(), default=0)
+
+
+def measure(model, tokenizer, prompts: list[str], schedules: list[str], width: int | None = None,
+            max_new_tokens: int = 128, **generate_kwargs) -> dict:
+    """Greedy-decode every prompt with every schedule; per schedule: tokens/NFE (total tokens over total
+    NFE), EOS rate, worst 6-gram repeat count, and how many outputs differ from the first schedule."""
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    report: dict = {}
+    reference: list[list[int]] = []
+    for mode in schedules:
+        tokens = nfe = ended = differ = 0
+        repeats = []
+        for i, prompt in enumerate(prompts):
+            ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+            with torch.no_grad():
+                out = model.generate(ids, assistant_mode=mode, speculative_width=width, max_new_tokens=max_new_tokens,
+                                     do_sample=False, return_dict_in_generate=True, **generate_kwargs)
+            new = out.sequences[0, ids.shape[1]:].tolist()
+            tokens, nfe = tokens + out.decoding_stats.new_tokens, nfe + out.decoding_stats.nfe
+            ended += bool(new) and new[-1] in eos
+            repeats.append(max_ngram_repeats(new))
+            if mode == schedules[0]:
+                reference.append(new)
+            else:
+                differ += new != reference[i]
+        report[mode] = {"tokens_per_nfe": tokens / max(nfe, 1), "tokens": tokens, "nfe": nfe, "ended_with_eos": ended,
+                        "max_6gram_repeats": max(repeats), "differs_from_" + schedules[0]: differ}
+    return report
