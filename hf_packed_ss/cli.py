@@ -1,6 +1,8 @@
 """``hf-packed-ss``: the command-line entry point.
 
-``hf-packed-ss train`` trains a model of either format (`train.py`). ``hf-packed-ss run`` decodes one
+``hf-packed-ss train`` trains a model of either format (`train.py`). ``hf-packed-ss bench`` measures every
+schedule on a prompt suite and writes a report; ``hf-packed-ss probe`` fits the tau + delta * n call cost
+(`bench/`). ``hf-packed-ss run`` decodes one
 prompt with every schedule on one loaded model and prints the text
 and a table of tokens, NFE, tokens/NFE and wall time per schedule. Timings here are single runs for
 orientation; speed claims belong to the benchmark.
@@ -73,9 +75,19 @@ def main(argv: list[str] | None = None) -> int:
 
         train_main(argv[1:])
         return 0
+    if argv[:1] == ["bench"]:  # its own parser too (`bench/command.py`)
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    if argv[:1] == ["probe"]:
+        from .bench.probe import main as probe_main
+
+        return probe_main(argv[1:])
     parser = argparse.ArgumentParser(prog="hf-packed-ss", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train a model of either format (see `hf-packed-ss train --help`)")
+    sub.add_parser("bench", help="benchmark the schedules and peer baselines (see `hf-packed-ss bench --help`)")
+    sub.add_parser("probe", help="fit the tau + delta * n call cost (see `hf-packed-ss probe --help`)")
     run = sub.add_parser("run", help="decode one prompt with every schedule and compare")
     run.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
     run.add_argument("--prompt", default=DEFAULT_PROMPT)

@@ -55,11 +55,19 @@ class Family:
         return config.block_size - 1, config.block_size - 1
 
 
-# Decoding engine per model family (config.model_type).
+# Decoding engine per model family (config.model_type). Any other causal LM whose config carries
+# `mask_token_id` and `block_size` (a base model with a proposal-only drafter) uses the prefix family.
+PREFIX = Family(NemotronLayout, SCHEDULES, run, any_order=False)
 FAMILIES = {
-    "nemotron_labs_diffusion": Family(NemotronLayout, SCHEDULES, run, any_order=False),
+    "nemotron_labs_diffusion": PREFIX,
     "setdlm": Family(SetDLMLayout, WINDOW_SCHEDULES, run_any_order, any_order=True),
 }
+
+
+def family(config) -> Family | None:
+    if config.model_type in FAMILIES:
+        return FAMILIES[config.model_type]
+    return PREFIX if getattr(config, "block_size", None) and getattr(config, "mask_token_id", None) else None
 MODES = sorted(set(SCHEDULES) | set(WINDOW_SCHEDULES))
 
 
@@ -97,9 +105,9 @@ def model_forward(model: torch.nn.Module) -> Forward:
 def default_width(config, mode: str) -> int:
     """Nemotron: the largest width the block size allows (W = B - 1), Quadratic-SS keeping the paper's
     B = 8. SetDLM: half the training horizon (smax16 -> W = 8)."""
-    family = FAMILIES[config.model_type]
-    widest, default = family.widths(config)
-    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" and not family.any_order else default
+    fam = family(config)
+    widest, default = fam.widths(config)
+    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" and not fam.any_order else default
 
 
 def _reject(condition: bool, message: str) -> None:
@@ -116,16 +124,17 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         f"Unknown assistant_mode={mode!r}; choose one of {MODES}, or leave it unset for stock generate.",
     )
     model_type = getattr(model.config, "model_type", None)
+    fam = family(model.config)
     _reject(
-        model_type not in FAMILIES,
-        f"assistant_mode has no packed layout for model_type={model_type!r} (available: {sorted(FAMILIES)}); "
+        fam is None,
+        f"assistant_mode has no packed layout for model_type={model_type!r} (available: {sorted(FAMILIES)}, or "
+        "any causal LM whose config sets mask_token_id and block_size for its drafter); "
         "call generate without assistant_mode.",
     )
-    family = FAMILIES[model_type]
     _reject(
-        mode not in family.schedules,
+        mode not in fam.schedules,
         f"assistant_mode={mode!r} is SetDLM's own decoder and needs an any-order model (model_type 'setdlm'); "
-        f"{model_type!r} takes {sorted(family.schedules)}.",
+        f"{model_type!r} takes {sorted(fam.schedules)}.",
     )
     mask_token_id = getattr(model.config, "mask_token_id", None)
     _reject(
@@ -133,22 +142,22 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         f"{type(model).__name__} has no `config.mask_token_id`, so it has no diffusion mode to draft with. "
         "Set the mask token id of its diffusion mode, or call generate without assistant_mode.",
     )
-    size = "max_block_size" if family.any_order else "block_size"
+    size = "max_block_size" if fam.any_order else "block_size"
     block_size = getattr(model.config, size, None)
-    _reject(not block_size or block_size < 2 - family.any_order,
-            f"The model config needs `{size}` >= {2 - family.any_order} (the diffusion block).")
-    widest, _ = family.widths(model.config)
+    _reject(not block_size or block_size < 2 - fam.any_order,
+            f"The model config needs `{size}` >= {2 - fam.any_order} (the diffusion block).")
+    widest, _ = fam.widths(model.config)
     width = default_width(model.config, mode) if width is None else width
     _reject(
         isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= widest,
         f"speculative_width={width!r} is out of range: use an integer in [1, {widest}] "
-        + (f"(the window may not exceed the training horizon max_block_size={block_size})." if family.any_order else
+        + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
            f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
     )
     order = options["verify_order"]
     _reject(order is not None and order not in ORDERS,
             f"Unknown verify_order={order!r}; choose one of {sorted(ORDERS)}.")
-    _reject(order == "confidence" and not family.any_order,
+    _reject(order == "confidence" and not fam.any_order,
             f"verify_order='confidence' needs an any-order model (model_type 'setdlm'); {model_type!r} verifies "
             "left to right only.")
     _reject(mode == "native" and order not in (None, "ltr"),
@@ -279,20 +288,20 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     )
     acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"), options["stop_sequences"])
-    family = FAMILIES[decoder.config.model_type]
+    fam = family(decoder.config)
     mode = options["assistant_mode"]
     extra = {}
-    if family.any_order:
+    if fam.any_order:
         extra["verify_order"] = options["verify_order"] or "ltr"
         if mode == "native":
             extra["confidence_threshold"] = options["confidence_threshold"] or NATIVE_THRESHOLD
-    schedule = family.schedules[mode](width, acceptance, **extra)
-    candidates = None if family.any_order else PackedSSCandidateGenerator(schedule)
+    schedule = fam.schedules[mode](width, acceptance, **extra)
+    candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
     with torch.no_grad(), proposal_only_adapters(decoder):
-        sequence, stats = family.runner(
+        sequence, stats = fam.runner(
             model_forward(decoder),
             schedule,
-            family.layout(decoder.config.mask_token_id),
+            fam.layout(decoder.config.mask_token_id),
             input_ids[0],
             max(0, max_new),
             eos,

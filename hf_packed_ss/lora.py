@@ -37,11 +37,27 @@ class _RowGate:
         return output * self.rows[..., None].to(output.dtype)
 
 
+class _MaskEmbeddingGate:
+    """Adds a learned MASK embedding offset (`smollm2.MaskEmbedding`) on proposal rows that hold MASK."""
+
+    def __init__(self, embedding: nn.Module, gate: _RowGate):
+        self.embedding, self.gate = embedding, gate
+
+    def __call__(self, module, inputs, output):
+        rows, ids = self.gate.rows, inputs[0]
+        if rows is None or rows.shape[-1] != ids.shape[-1]:
+            return output
+        where = (ids == self.embedding.token_id) & rows
+        return output + where[..., None].to(output.dtype) * self.embedding.delta.to(output.dtype)
+
+
 @contextmanager
 def proposal_only_adapters(model: nn.Module):
-    """Gate every LoRA layer of `model` to proposal rows for the duration of the block."""
+    """Gate every LoRA layer of `model` (and a learned MASK embedding, if attached) to proposal rows
+    for the duration of the block."""
     layers = _lora_layers(model)
-    if not layers:
+    mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
+    if not layers and mask_embedding is None:
         yield
         return
     if any(any(getattr(m, "use_dora", {}).values()) for m in layers):
@@ -50,6 +66,9 @@ def proposal_only_adapters(model: nn.Module):
     handles = [b.register_forward_hook(gate) for m in layers for b in m.lora_B.values()]
     handles += [e.register_forward_hook(gate) for m in layers for e in getattr(m, "lora_embedding_B", {}).values()
                 if isinstance(e, nn.Module)]
+    if mask_embedding is not None:
+        hook = _MaskEmbeddingGate(mask_embedding, gate)
+        handles.append(model.get_input_embeddings().register_forward_hook(hook))
     model._hf_packed_ss_gate = gate
     try:
         yield

@@ -9,6 +9,10 @@ share position ids with the tokens they predict, in one forward pass:
   the rest (the ``[last, MASK x W]`` block Packed-SS drafts), some are fully masked (the first call and
   Quadratic-SS branches), the rest mask each token with a rate t ~ U(0, 1]. Loss: AR cross-entropy on the
   clean rows + diffusion cross-entropy on the masked rows.
+* Drafter (``--format drafter``): SmolLM2-135M-Instruct stays the AR verifier; a LoRA on every
+  projection plus a learned MASK embedding, applied to proposal rows only, learn to imitate the base
+  model's own next-token distributions (KL) at the positions of ``[last token, MASK x (B - 1)]`` blocks
+  placed at random in the answers of GSM8K train questions (chat template).
 * SetDLM format: the duplicate-mask construction with the left-to-right order and two MASK copies per
   position, ``[clean | MASK | MASK]`` (3L rows): the first sees the clean tokens before its position (the
   AR conditional the verifier uses), the second only those more than k positions back, k ~ U{1..W}
@@ -58,6 +62,8 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 200
     threads: int = 0
+    lora_rank: int = 32  # drafter only
+    blocks: int = 16  # drafter only: blocks of `block_size` rows per sequence and step
 
 
 def build_model(cfg: TrainConfig, tokenizer):
@@ -117,7 +123,7 @@ def nemotron_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator
     vocab = logits.shape[-1]
     ar = F.cross_entropy(logits[:, n:-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
     dlm = F.cross_entropy(logits[:, :n][masked], x[masked])
-    return ar + dlm, {"ar": float(ar), "diffusion": float(dlm)}
+    return ar + dlm, {"ar": ar.item(), "diffusion": dlm.item()}
 
 
 def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
@@ -134,14 +140,52 @@ def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) 
     mask = torch.cat([torch.cat([causal, none, none], 1), ar_rows, draft_rows])
     masks = torch.full_like(x, mask_id)
     logits = model(input_ids=torch.cat([x, masks, masks], 1), position_ids=torch.cat([pos] * 3)[None].expand(batch, -1),
-                   attention_mask=mask[None, None].expand(batch, 1, -1, -1)).logits
-    vocab = logits.shape[-1]
-    ar = F.cross_entropy(logits[:, n : 2 * n].reshape(-1, vocab), x.reshape(-1))
-    draft = F.cross_entropy(logits[:, 2 * n :].reshape(-1, vocab), x.reshape(-1))
-    return ar + draft, {"ar": float(ar), "diffusion": float(draft)}
+                   attention_mask=mask[None, None].expand(batch, 1, -1, -1), logits_to_keep=2 * n).logits
+    vocab = logits.shape[-1]  # the MASK rows only: the clean rows carry no loss
+    ar = F.cross_entropy(logits[:, :n].reshape(-1, vocab), x.reshape(-1))
+    draft = F.cross_entropy(logits[:, n:].reshape(-1, vocab), x.reshape(-1))
+    return ar + draft, {"ar": ar.item(), "diffusion": draft.item()}
 
 
-LOSSES = {"nemotron": nemotron_loss, "setdlm": setdlm_loss}
+def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks in one packed forward.
+
+    `example` is one sequence ``(1, L)`` and where its answer starts; the verifier rows (the sequence,
+    causal) run with the adapter gated off, so the teacher is the untouched base computed in the same call."""
+    from .lora import proposal_rows
+
+    x, answer_start = example
+    n, b, k = x.shape[1], cfg.block_size, cfg.blocks
+    inner = model.get_base_model()
+    anchors = torch.randint(answer_start - 1, n - b + 1, (k,), generator=gen)
+    pos = torch.arange(n)
+    offsets = torch.arange(b)
+    block_pos = (anchors[:, None] + offsets).reshape(-1)
+    block_ids = torch.full((k, b), inner.config.mask_token_id)
+    block_ids[:, 0] = x[0, anchors]
+    block_of = torch.arange(k).repeat_interleave(b)
+    sees_seq = pos[None, :] < anchors.repeat_interleave(b)[:, None]
+    rows = n + k * b
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    mask[n:, :n] = sees_seq
+    mask[n:, n:] = block_of[:, None] == block_of[None, :]
+    teacher_rows = (anchors[:, None] + offsets[:-1]).reshape(-1)  # AR row j scores j + 1
+    student_rows = n + (torch.arange(k)[:, None] * b + offsets[1:]).reshape(-1)
+    keep = torch.cat([teacher_rows, student_rows])
+    proposal = torch.zeros(1, rows, dtype=torch.bool)
+    proposal[0, n:] = True
+    with proposal_rows(inner, proposal):
+        logits = inner(input_ids=torch.cat([x[0], block_ids.reshape(-1)])[None],
+                       position_ids=torch.cat([pos, block_pos])[None], attention_mask=mask[None, None],
+                       logits_to_keep=keep).logits[0].float()
+    teacher, student = logits[: keep.numel() // 2].detach(), logits[keep.numel() // 2 :]
+    kl = F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+    agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+    return kl, {"kl": kl.item(), "argmax_agreement": agree.item()}
+
+
+LOSSES = {"nemotron": nemotron_loss, "setdlm": setdlm_loss, "drafter": drafter_loss}
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -167,19 +211,82 @@ def prepare(cfg: TrainConfig):
     return tokenizer, corpus(tokenizer, texts), build_model(cfg, tokenizer)
 
 
+DRAFTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def prepare_drafter(cfg: TrainConfig):
+    """SmolLM2-135M-Instruct in bfloat16 (frozen), a float32 LoRA and MASK embedding, and GSM8K train
+    examples in its chat template with the position where each answer starts."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import smollm2
+
+    folder = smollm2.base_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    torch.manual_seed(cfg.seed)
+    model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0,
+                                            target_modules=DRAFTER_TARGETS))
+    embedding = smollm2.MaskEmbedding(base.config.hidden_size)
+    smollm2.attach_drafter(model, cfg.block_size, embedding)
+    examples = []
+    for row in (json.loads(line) for line in Path(cfg.data).read_text().splitlines() if line.strip()):
+        chat = [{"role": "user", "content": row["question"]}]
+        prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(chat + [{"role": "assistant", "content": row["answer"]}], tokenize=False)
+        ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids[:, : cfg.seq_len]
+        start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
+        if ids.shape[1] - start > cfg.block_size + 1:
+            examples.append((ids, start))
+    return tokenizer, examples, model, embedding
+
+
+def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path) -> None:
+    """The adapter folder: PEFT files, `mask_embedding.safetensors`, generation config, arguments."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(out)
+    tensors = {k: v.detach().contiguous() for k, v in embedding.state_dict().items()}
+    save_file(tensors, out / "mask_embedding.safetensors")
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id, max_new_tokens=128,
+                     do_sample=False, assistant_mode="packed_ss", speculative_width=cfg.block_size - 1,
+                     ).save_pretrained(out)
+    (out / "training_args.json").write_text(json.dumps(asdict(cfg), indent=2))
+
+
 def train(cfg: TrainConfig, resume: bool = False, log=print):
     """Run (or continue) training; returns the model and tokenizer."""
+    from .lora import proposal_only_adapters
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tokenizer, stream, model = prepare(cfg)
     out = Path(cfg.out)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.format == "drafter":
+        tokenizer, examples, model, embedding = prepare_drafter(cfg)
+        params = [p for p in model.parameters() if p.requires_grad] + [embedding.delta]
+
+        def batch(gen):
+            return examples[int(torch.randint(0, len(examples), (1,), generator=gen))]
+    else:
+        tokenizer, stream, model = prepare(cfg)
+        params = list(model.parameters())
+
+        def batch(gen):
+            return sample_batch(stream, cfg, gen)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if cfg.format == "drafter" else 0.1)
     gen = torch.Generator().manual_seed(cfg.seed)
     step = 0
     state_file = out / "trainer_state.pt"
+    trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    if cfg.format == "drafter":
+        trainable["mask_embedding.delta"] = embedding.delta
     if resume and state_file.is_file():
         state = torch.load(state_file, weights_only=False)
-        model.load_state_dict(state["model"])
+        for k, v in state["model"].items():
+            if k in trainable:  # trainable parameters only (buffers are rebuilt)
+                trainable[k].data.copy_(v)
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step = state["step"]
@@ -187,26 +294,37 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
     loss_fn = LOSSES[cfg.format]
     model.train()
     tic = time.perf_counter()
-    while step < cfg.steps:
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, cfg)
-        loss, parts = loss_fn(model, sample_batch(stream, cfg, gen), cfg, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 20 == 0 or step == cfg.steps:
-            rate = (time.perf_counter() - tic) / 20
-            tic = time.perf_counter()
-            log(json.dumps({"step": step, "loss": round(float(loss), 4), **{k: round(v, 4) for k, v in parts.items()},
-                            "lr": round(learning_rate(step, cfg), 6), "s_per_step": round(rate, 3)}))
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                        "step": step, "config": asdict(cfg)}, state_file)
+    with proposal_only_adapters(model.get_base_model() if cfg.format == "drafter" else model):
+        while step < cfg.steps:
+            parts = _step(model, loss_fn, batch(gen), cfg, gen, opt, params, step)
+            step += 1
+            if step % 20 == 0 or step == cfg.steps:
+                rate = (time.perf_counter() - tic) / 20
+                tic = time.perf_counter()
+                log(json.dumps({"step": step, **{k: round(v, 4) for k, v in parts.items()},
+                                "lr": round(learning_rate(step, cfg), 6), "s_per_step": round(rate, 3)}))
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                state = {k: v.detach() for k, v in trainable.items()}
+                torch.save({"model": state, "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                            "step": step, "config": asdict(cfg)}, state_file)
     model.eval()
-    save(model, tokenizer, cfg, out)
+    if cfg.format == "drafter":
+        save_drafter(model, embedding, tokenizer, cfg, out)
+    else:
+        save(model, tokenizer, cfg, out)
     return model, tokenizer
+
+
+def _step(model, loss_fn, batch, cfg: TrainConfig, gen, opt, params, step: int) -> dict:
+    """One optimiser step at the scheduled learning rate; returns the loss and its parts."""
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(step, cfg)
+    loss, parts = loss_fn(model, batch, cfg, gen)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return {"loss": loss.item(), **parts}
 
 
 def save(model, tokenizer, cfg: TrainConfig, out: Path, width: int | None = None) -> None:

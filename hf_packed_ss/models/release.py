@@ -42,7 +42,7 @@ def attach_twin(model: nn.Module) -> nn.Module:
     nothing to do for our own classes). Does not touch `generate`."""
     if isinstance(model, NemotronLabsDiffusionModel) or getattr(model, "_hf_packed_ss_twin", None) is not None:
         return model
-    if not (hasattr(model, "encoder") and isinstance(getattr(model, "diffusion_head", None), nn.Linear)):
+    if not _has_release_structure(model):
         raise ValueError(
             f"{type(model).__name__} does not have the Nemotron-Labs-Diffusion structure (`encoder` + "
             "`diffusion_head`); load the checkpoint with AutoModel.from_pretrained(..., trust_remote_code=True)."
@@ -52,17 +52,24 @@ def attach_twin(model: nn.Module) -> nn.Module:
     return model
 
 
+def _has_release_structure(model: nn.Module) -> bool:
+    return hasattr(model, "encoder") and isinstance(getattr(model, "diffusion_head", None), nn.Linear)
+
+
 def enable(model: nn.Module) -> nn.Module:
     """Give `model` the ``generate(..., assistant_mode=..., speculative_width=...)`` front.
 
-    `model` must have the release's structure (`encoder` + `diffusion_head`, config with
-    `mask_token_id` and `block_size`). Without `assistant_mode`, `generate` is the model's own
-    (the release's `generate(prompt_ids, max_new_tokens, block_length, ...)`), also reachable as
-    `model.stock_generate`; `disable(model)` puts it back. Returns the same model.
+    `model` has the release's structure (`encoder` + `diffusion_head`, config with `mask_token_id`
+    and `block_size`; run through a shared-weight twin), or is any causal LM whose config carries
+    `mask_token_id` and `block_size` and whose MASK rows draft (e.g. with a proposal-only LoRA).
+    Without `assistant_mode`, `generate` is the model's own (the release's `generate(prompt_ids,
+    max_new_tokens, block_length, ...)`), also reachable as `model.stock_generate`; `disable(model)`
+    puts it back. Returns the same model.
     """
     if getattr(model, "stock_generate", None) is not None:
         return model
-    attach_twin(model)
+    if _has_release_structure(model) or not hasattr(model.config, "block_size"):
+        attach_twin(model)
     original = model.generate
     model.stock_generate = original
 

@@ -1,0 +1,185 @@
+"""`hf-packed-ss bench`: every schedule and the peer baselines on one suite, in one process on one loaded model.
+
+Paper section 4 (metrics) and appendix E.5 (timing, intervals). Steps: load the suite and the model, warm up,
+measure interleaved (`measure.py`), then, outside all timing, detokenise, grade and compare with `ar`, aggregate
+with paired bootstrap intervals (`statistics.py`) and write `results.json`, `report.md` and plots (`report.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..generation import FAMILIES, MODES
+from . import report
+from .grading import grade
+from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
+from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
+from .suites import SUITES, Prompt, load_suite
+
+DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
+BASELINE = "linear_ss"
+
+
+def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
+    p.add_argument("--suite", default="sample", help=f"one of {SUITES}; `sample` is 20 bundled GSM8K questions")
+    p.add_argument("--data", default=None, help="the GSM8K (or HumanEval) file to read instead of the default")
+    p.add_argument("--prompt-field", default="prompt", help="field holding the prompt in a jsonl:<file> suite")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to every prompt")
+    p.add_argument("--schedules", nargs="+", default=None, choices=MODES + list(PEERS), metavar="SCHEDULE",
+                   help=f"from {MODES + list(PEERS)} (default: ar linear_ss quadratic_ss packed_ss stock "
+                        "prompt_lookup, plus native on SetDLM)")
+    p.add_argument("--baseline", default=BASELINE, help="schedule the paired ratios divide by")
+    p.add_argument("--width", type=int, default=None, help="speculative width W (default: each schedule's)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sampling only; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling only; 1 = off")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10,
+                   help="prompt_lookup_num_tokens of the prompt_lookup baseline")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of the suite")
+    p.add_argument("--repeats", type=int, default=1, help="responses per prompt and schedule")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and the plots")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--humaneval-timeout", type=float, default=5.0, help="seconds per HumanEval program")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
+def default_schedules(model) -> list[str]:
+    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
+    native = ["native"] if getattr(model.config, "model_type", None) == "setdlm" else []
+    return ours + native + list(PEERS)
+
+
+def check_schedules(schedules: list[str], model) -> None:
+    """Reject up front what the model cannot decode (e.g. `native` on a left-to-right format)."""
+    family = FAMILIES.get(getattr(model.config, "model_type", None))
+    ours = [s for s in schedules if s not in PEERS]
+    if ours and family is None:
+        raise SystemExit(f"{type(model).__name__} has no packed layout: run only {list(PEERS)}.")
+    wrong = [s for s in ours if s not in family.schedules]
+    if wrong:
+        raise SystemExit(f"{wrong} not available on model_type {model.config.model_type!r}; "
+                         f"choose from {sorted(family.schedules) + list(PEERS)}.")
+    if len(set(schedules)) != len(schedules):
+        raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
+
+
+def encode(tokenizer, text: str, chat: bool) -> torch.Tensor:
+    """Prompt ids `(1, n)`; the chat template only when asked (our bundled models were trained without one)."""
+    if not chat:
+        return tokenizer(text, return_tensors="pt").input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit("--chat: this tokenizer has no chat template.")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    return ids
+
+
+def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
+    """After all timing: detokenise, grade (in parallel; each distinct text once) and, under greedy decoding,
+    mark responses whose tokens differ from `ar`'s on the same prompt and repeat."""
+    ok = [r for r in m.records if r.error is None]
+    for r in ok:
+        r.text = tokenizer.decode(r.tokens, skip_special_tokens=True)
+    if greedy and "ar" in m.schedules:
+        reference = {(r.prompt, r.repeat): r.tokens for r in ok if r.schedule == "ar"}
+        for r in ok:
+            if r.schedule != "ar" and (r.prompt, r.repeat) in reference:
+                r.differs_from_ar = r.tokens != reference[r.prompt, r.repeat]
+    jobs = sorted({(r.prompt, r.text) for r in ok if prompts[r.prompt].grader})
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        grades = dict(zip(jobs, pool.map(
+            lambda job: grade(prompts[job[0]].grader, prompts[job[0]].reference, job[1], timeout_s), jobs),
+            strict=True))
+    for r in ok:
+        r.correct = grades.get((r.prompt, r.text))
+
+
+def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, settings: Settings,
+              env: dict) -> dict:
+    """results.json's content: configuration, environment, order, every record, aggregates and paired ratios
+    over the prompts every schedule completed."""
+    complete = m.complete_prompts()
+    done = set(complete)
+    kept = [r for r in m.records if r.prompt in done]
+    active = m.active
+    baseline, note = args.baseline, None
+    if baseline not in active and active:
+        baseline, note = active[0], f"baseline {args.baseline!r} was not measured; ratios are to {active[0]!r}"
+    ratios = {}
+    if complete and active:
+        intervals = paired_intervals(per_prompt_totals(kept, active, complete), baseline, args.resamples, args.seed)
+        ratios = {s: {k: asdict(v) for k, v in row.items()} for s, row in intervals.items()}
+    return {
+        "config": vars(args) | {"settings": asdict(settings)},
+        "environment": env,
+        "suite": {"name": args.suite, "prompts": len(prompts), "graders": sorted({p.grader for p in prompts
+                                                                                    if p.grader})},
+        "schedules": active,
+        "baseline": baseline,
+        "baseline_note": note,
+        "greedy": settings.greedy,
+        "interrupted": m.interrupted,
+        "complete_prompts": complete,
+        "prompts": [{"index": i, "id": p.id} for i, p in enumerate(prompts)],
+        "orders": m.orders,
+        "errors": m.errors,
+        "aggregates": {s: aggregate([r for r in kept if r.schedule == s]) for s in active},
+        "ratios": ratios,
+        "bootstrap": {"resamples": args.resamples, "seed": args.seed, "level": 0.95, "over": "prompts"},
+        "records": [r.to_dict() for r in m.records],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("limit", "repeats", "max_new_tokens", "resamples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1 (got {value}).")
+    from ..cli import load_model
+
+    device, dtype = resolve(args.device, args.dtype)
+    torch.manual_seed(args.seed)
+    prompts = load_suite(args.suite, args.data, args.limit, args.prompt_field)
+    model, tokenizer = load_model(args.model, dtype)
+    model.to(device)
+    schedules = args.schedules or default_schedules(model)
+    check_schedules(schedules, model)
+    inputs = [encode(tokenizer, p.text, args.chat).to(device) for p in prompts]
+    settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
+                        args.prompt_lookup_tokens)
+    m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
+                        progress=not args.no_progress)
+    if m.interrupted:
+        print("Interrupted: writing what was measured.")
+    finish(m, prompts, tokenizer, settings.greedy, args.humaneval_timeout)
+    results = summarise(m, prompts, args, settings, report.environment(device, dtype, args.seed))
+    files = report.write(Path(args.out), results)
+    print(report.absolute_table(results))
+    if results["ratios"]:
+        print(f"\nPaired ratios to {results['baseline']} (95% bootstrap intervals):")
+        print(report.ratio_table(results))
+    for schedule, error in m.errors.items():
+        print(f"error [{schedule}]: {error}")
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 130 if m.interrupted else 0

