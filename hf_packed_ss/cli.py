@@ -11,6 +11,7 @@ orientation; speed claims belong to the benchmark.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -68,26 +69,24 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if all(r["same"] != "NO" for r in rows) else 1
 
 
+# Subcommands with their own parser: name -> (module, help).
+DELEGATES = {
+    "train": ("train", "train a model of either format, or the SmolLM2 drafter"),
+    "bench": ("bench", "benchmark the schedules and peer baselines"),
+    "probe": ("bench.probe", "fit the tau + delta * n call cost and predict the fastest schedule"),
+    "publish": ("publish", "assemble (and upload) the Hub folder of a bundled checkpoint"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # its own parser: one flag per TrainConfig field
-        from .train import main as train_main
-
-        train_main(argv[1:])
-        return 0
-    if argv[:1] == ["bench"]:  # its own parser too (`bench/command.py`)
-        from .bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv[:1] == ["probe"]:
-        from .bench.probe import main as probe_main
-
-        return probe_main(argv[1:])
+    if argv[:1] and argv[0] in DELEGATES:
+        module = importlib.import_module(f".{DELEGATES[argv[0]][0]}", __package__)
+        return module.main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="hf-packed-ss", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("train", help="train a model of either format (see `hf-packed-ss train --help`)")
-    sub.add_parser("bench", help="benchmark the schedules and peer baselines (see `hf-packed-ss bench --help`)")
-    sub.add_parser("probe", help="fit the tau + delta * n call cost (see `hf-packed-ss probe --help`)")
+    for name, (_, text) in DELEGATES.items():
+        sub.add_parser(name, help=f"{text} (see `hf-packed-ss {name} --help`)")
     run = sub.add_parser("run", help="decode one prompt with every schedule and compare")
     run.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
     run.add_argument("--prompt", default=DEFAULT_PROMPT)

@@ -30,8 +30,9 @@ def yarn_rope(max_position_embeddings: int) -> dict:
 
 
 def names() -> list[str]:
-    """Bundled checkpoint names."""
-    return sorted(p.name for p in HERE.iterdir() if (p / "config.json").is_file())
+    """Bundled checkpoint names: full models (config.json) and drafter adapters (adapter_config.json)."""
+    marks = ("config.json", "adapter_config.json")
+    return sorted(p.name for p in HERE.iterdir() if any((p / m).is_file() for m in marks))
 
 
 def path(name: str) -> Path:
@@ -45,6 +46,12 @@ def load(name: str, dtype: torch.dtype | None = None):
     import hf_packed_ss  # noqa: F401  (registers the model formats)
 
     folder = path(name)
+    if (folder / "adapter_config.json").is_file():  # a drafter for a base model installed separately
+        from .. import smollm2
+
+        model, tokenizer = smollm2.load(folder, dtype)
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+        return model, tokenizer
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(folder)
 

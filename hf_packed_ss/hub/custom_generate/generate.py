@@ -5,7 +5,8 @@
 
 works on any model with an AR mode and a masked-diffusion mode in the Nemotron-Labs-Diffusion
 structure (`encoder` + `diffusion_head`, config with `mask_token_id` and `block_size`), including one
-loaded with remote code by a process that never imported `hf_packed_ss`. Requires the
+loaded with remote code by a process that never imported `hf_packed_ss`, and on the formats of
+`hf_packed_ss` itself (SetDLM, a causal LM with a proposal-only drafter). Requires the
 `hf-packed-ss` package (requirements.txt).
 """
 
@@ -20,7 +21,8 @@ def generate(model, input_ids=None, generation_config=None, **kwargs):
     input_ids = input_ids if input_ids is not None else kwargs.pop("inputs", None)
     kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "assistant_mode"}
     kwargs.setdefault("assistant_mode", "packed_ss")
-    attach_twin(model)
+    if hasattr(model, "encoder") and hasattr(model, "diffusion_head"):  # the released structure
+        attach_twin(model)
 
     def stock(*args, **stock_kwargs):
         return transformers.GenerationMixin.generate(model, *args, **stock_kwargs)
