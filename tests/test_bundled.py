@@ -43,3 +43,48 @@ def test_run_command_prints_every_schedule(capsys):
     for mode in ("ar", "linear_ss", "quadratic_ss", "packed_ss"):
         assert f"[{mode}]" in printed and f"\n{mode}" in printed
     assert "NO" not in printed.split("same as ar")[1]
+
+
+def _full_models() -> list[str]:
+    return [n for n in bundled.names() if (bundled.path(n) / "config.json").is_file()]
+
+
+@pytest.mark.parametrize("name", _full_models())
+def test_every_bundled_checkpoint_decodes_exactly(name):
+    model, tokenizer = bundled.load(name)
+    ids = tokenizer("Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:",
+                    return_tensors="pt").input_ids
+    stock = model.generate(ids, max_new_tokens=12, assistant_mode=None, do_sample=False)
+    config = model.generation_config
+    assert config.assistant_mode == "packed_ss" and config.eos_token_id == tokenizer.eos_token_id
+    for mode in ("linear_ss", "quadratic_ss", "packed_ss"):
+        assert torch.equal(model.generate(ids, max_new_tokens=12, assistant_mode=mode), stock), mode
+
+
+@pytest.mark.parametrize("name", _full_models())
+def test_publish_folder_loads_in_a_fresh_process(tmp_path, name):
+    import subprocess
+    import sys
+
+    assert main(["publish", name, "--repo-id", f"someone/{name}", "--local-dir", str(tmp_path / name)]) == 0
+    folder = tmp_path / name
+    card = (folder / "README.md").read_text()
+    head = card.split("---")[1]
+    for field in ("license:", "library_name:", "datasets:", "tags:", "custom_generate"):
+        assert field in head, field
+    assert (folder / "model.safetensors").is_file() and (folder / "custom_generate" / "generate.py").is_file()
+    script = (
+        "import sys, torch, hf_packed_ss\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)\n"
+        "t = AutoTokenizer.from_pretrained(sys.argv[1], local_files_only=True)\n"
+        "ids = t('Question: 1 + 2?', return_tensors='pt').input_ids\n"
+        "a = m.generate(ids, max_new_tokens=6, assistant_mode=None, do_sample=False)\n"
+        "b = m.generate(ids, max_new_tokens=6)\n"
+        "assert torch.equal(a, b), (a, b)\n"
+        "print(m.generation_config.assistant_mode)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=300,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("packed_ss")
