@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from .layouts.setdlm import SetDLMLayout
 from .plan import CallResult, WindowPlan
-from .runner import Forward, _sync
+from .runner import Forward, _sync, call_model
 from .schedules.any_order import WindowSchedule
 from .stats import DecodingStats
 
@@ -108,12 +108,7 @@ def run_any_order(
         n_positions = torch.tensor([j for j, _ in pending], dtype=torch.long, device=device) + origin
         call = layout.build(plan, n_tokens, n_positions, origin, cache.get_seq_length())
         # 2. one model call
-        tic = time.perf_counter()
-        logits = forward(call, cache)
-        _sync(device)
-        stats.model_time_s += time.perf_counter() - tic
-        stats.nfe += 1
-        stats.rows_per_call.append(call.rows)
+        logits = call_model(forward, call, cache, stats)
         # 3. verify and draft
         result = process(processors, call.read(logits), plan, prompt, tokens)
         outcome = schedule.advance(plan, result)

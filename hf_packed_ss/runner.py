@@ -29,6 +29,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: DecodingStats) -> torch.Tensor:
+    """One counted, device-synchronised model call (NFE, rows, model time)."""
+    tic = time.perf_counter()
+    logits = forward(call, cache)
+    _sync(logits.device)
+    stats.model_time_s += time.perf_counter() - tic
+    stats.nfe += 1
+    stats.rows_per_call.append(call.rows)
+    return logits
+
+
 def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor) -> CallResult:
     """Apply a `LogitsProcessorList` exactly as stock `generate` would at each position.
 
@@ -103,12 +114,7 @@ def run(
         plan = schedule.plan()
         call = layout.build(plan, prefix, cache_len)
         # 2. one model call
-        tic = time.perf_counter()
-        logits = forward(call, cache)
-        _sync(device)
-        stats.model_time_s += time.perf_counter() - tic
-        stats.nfe += 1
-        stats.rows_per_call.append(call.rows)
+        logits = call_model(forward, call, cache, stats)
 
         # 3. verify and draft: the schedule advances from the (processed) predictions
         result = process(processors, call.read(logits), plan, prefix)
