@@ -255,3 +255,13 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert probe["model"] == "tiny-nemotron-random" and set(probe["latency_s"]) == {"1", "4"}
     assert probe["predicted_fastest"] in schedules and probe["measured_fastest"] in schedules
     assert "measured fastest" in capsys.readouterr().out
+
+    # the README's results section is regenerated from results.json, replacing only the marked block
+    from hf_packed_ss.bench.readme import END, START, update
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{START}\nold figures\n{END}\n\nafter\n")
+    update(readme, [out / "results.json"])
+    text = readme.read_text()
+    assert "old figures" not in text and text.endswith(f"{END}\n\nafter\n")
+    assert "hf-packed-ss bench --model tiny-nemotron-random --limit 2" in text and "| packed_ss |" in text

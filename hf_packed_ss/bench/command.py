@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print("Interrupted: writing what was measured.")
     finish(m, prompts, tokenizer, settings.greedy, args.humaneval_timeout)
     results = summarise(m, prompts, args, settings, report.environment(device, dtype, args.seed))
+    results["command"] = "hf-packed-ss bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     files = report.write(Path(args.out), results)
     print(report.absolute_table(results))
     if results["ratios"]:

@@ -1,0 +1,55 @@
+"""Regenerate the README's results section from bench `results.json` files, so no figure is typed by hand.
+
+    python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json --readme README.md
+
+replaces everything between the two marker comments with, per results file, the command that produced it,
+the machine, and the paired-ratio and absolute tables of its report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .report import absolute_table, ratio_table
+
+START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+
+
+def section(results: dict) -> str:
+    env, config = results["environment"], results["config"]
+    machine = (env.get("gpu") or {}).get("name") or f"{env['cpu']}, {env['cpu_count']} cores"
+    lines = [f"### {config['model']} — {results['suite']['name']}, {len(results['complete_prompts'])} prompts, "
+             f"{'greedy' if results['greedy'] else 'sampling'} ({machine}, {env['dtype']}, "
+             f"{env['torch_threads']} torch thread(s))", "", "```bash", results.get("command", "hf-packed-ss bench"),
+             "```", ""]
+    if results["ratios"]:
+        lines += [f"Paired ratios to `{results['baseline']}`, 95% bootstrap intervals over prompts:", "",
+                  ratio_table(results), ""]
+    lines += [absolute_table(results), ""]
+    return "\n".join(lines)
+
+
+def update(readme: Path, files: list[Path]) -> None:
+    body = "\n".join(section(json.loads(Path(f).read_text())) for f in files)
+    text = readme.read_text()
+    block = f"{START}\n{body}\n{END}"
+    if START in text and END in text:
+        text = text[: text.index(START)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n## Results\n\n" + block + "\n"
+    readme.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hf_packed_ss.bench.readme", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    args = parser.parse_args(argv)
+    update(args.readme, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
