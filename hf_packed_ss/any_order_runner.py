@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from .layouts.setdlm import SetDLMLayout
 from .plan import CallResult, WindowPlan
-from .runner import Forward, _sync, call_model
+from .runner import Forward, _sync, call_model, stream
 from .schedules.any_order import WindowSchedule
 from .stats import DecodingStats
 
@@ -93,6 +93,7 @@ def run_any_order(
     pending = [(i - origin, int(t)) for i, t in enumerate(prompt.tolist())]  # N: accepted, not yet in the cache
     cached: list[tuple[int, int]] = []  # cache rows after the prompt, in cache order
     streamed = 0
+    kinds: dict[int, str] = {}  # how each accepted position was produced (for provenance streamers)
     start = time.perf_counter()
     _sync(device)
     if streamer is not None:
@@ -121,6 +122,8 @@ def run_any_order(
             continue
         # 5. stopping (Algorithm 3, lines 11-13; appendix E.2 markers)
         tokens.update(accepted)
+        rest = "committed" if not plan.verify else "correction" if plan.available else "verifier"
+        kinds.update((j, "draft" if r < h else rest) for r, (j, _) in enumerate(accepted))
         new = [j for j, _ in accepted]
         end = min([end] + [j for j, t in accepted if t in eos])
         if stop is not None and new:
@@ -138,7 +141,8 @@ def run_any_order(
             while ready in tokens:
                 ready += 1
             if ready > streamed:
-                streamer.put(torch.tensor([tokens[j] for j in range(streamed, ready)]))
+                span = range(streamed, ready)
+                stream(streamer, torch.tensor([tokens[j] for j in span]), [kinds[j] for j in span])
                 streamed = ready
     _sync(device)
     stats.new_tokens = len(tokens)

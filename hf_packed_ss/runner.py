@@ -40,6 +40,22 @@ def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: D
     return logits
 
 
+def provenance(h: int, n_draft: int, n: int) -> list[str]:
+    """How each of an iteration's first `n` accepted tokens was produced: "draft" (an accepted draft
+    token), then "correction" (the verifier's token after a rejection), "bonus" (after the whole draft
+    was accepted) or "verifier" (no draft: AR, or Linear-SS's prefill)."""
+    last = "verifier" if n_draft == 0 else "bonus" if h == n_draft else "correction"
+    return (["draft"] * h + [last])[:n]
+
+
+def stream(streamer, tokens: torch.Tensor, kinds: list[str]) -> None:
+    """Streamers get `put(tokens)`; one that defines `put_iteration(tokens, kinds)` also gets provenance."""
+    if hasattr(streamer, "put_iteration"):
+        streamer.put_iteration(tokens.cpu(), kinds)
+    else:
+        streamer.put(tokens.cpu())
+
+
 def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor) -> CallResult:
     """Apply a `LogitsProcessorList` exactly as stock `generate` would at each position.
 
@@ -134,7 +150,7 @@ def run(
         stats.new_tokens += accepted.numel()
         stats.accepted_per_iteration.append(accepted.numel())
         if streamer is not None:
-            streamer.put(accepted.cpu())
+            stream(streamer, accepted, provenance(n_draft_accepted, plan.n_draft, accepted.numel()))
         if stopped:
             break
     _sync(device)

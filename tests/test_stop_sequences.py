@@ -100,3 +100,34 @@ def test_setdlm_streamer_receives_exactly_the_output(formats, order):
                                     streamer=streamer)
     assert streamer.ended and streamer.puts[0] == ids[0].tolist()
     assert sum(streamer.puts[1:], []) == out[0, ids.shape[1]:].tolist()
+
+
+class Provenance(Collect):
+    def __init__(self):
+        super().__init__()
+        self.kinds: list[str] = []
+
+    def put_iteration(self, value, kinds):
+        self.put(value)
+        self.kinds += kinds
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+@pytest.mark.parametrize("mode", MODES)
+def test_provenance_streamers_get_how_each_token_was_produced(formats, family, mode):
+    models, _, ids = formats
+    streamer = Provenance()
+    out = models[family].generate(ids, max_new_tokens=30, assistant_mode=mode, speculative_width=4, streamer=streamer,
+                                  return_dict_in_generate=True)
+    assert sum(streamer.puts[1:], []) == out.sequences[0, ids.shape[1]:].tolist()
+    assert len(streamer.kinds) == out.decoding_stats.new_tokens
+    if mode == "ar":
+        assert set(streamer.kinds) == {"verifier"}
+    else:
+        assert set(streamer.kinds) <= {"draft", "correction", "bonus", "verifier"} and "correction" in streamer.kinds
+        # each iteration adds draft tokens and at most one verifier token (exactly one unless truncated or,
+        # any-order, a fully drafted window was accepted whole)
+        iterations = len(out.decoding_stats.accepted_per_iteration)
+        verifier_tokens = sum(k != "draft" for k in streamer.kinds)
+        assert verifier_tokens <= iterations
+        assert verifier_tokens >= iterations - 1 or family == "setdlm"
