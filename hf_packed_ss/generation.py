@@ -297,7 +297,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
             extra["confidence_threshold"] = options["confidence_threshold"] or NATIVE_THRESHOLD
     schedule = fam.schedules[mode](width, acceptance, **extra)
     candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
-    with torch.no_grad(), proposal_only_adapters(decoder):
+    with torch.inference_mode(), proposal_only_adapters(decoder):
         sequence, stats = fam.runner(
             model_forward(decoder),
             schedule,

@@ -68,7 +68,7 @@ def enable(model: nn.Module) -> nn.Module:
     """
     if getattr(model, "stock_generate", None) is not None:
         return model
-    if _has_release_structure(model) or not hasattr(model.config, "block_size"):
+    if _has_release_structure(model) or not hasattr(getattr(model, "config", None), "block_size"):
         attach_twin(model)
     original = model.generate
     model.stock_generate = original
