@@ -28,6 +28,8 @@ After h accepted draft tokens the cache keeps rows 0..h; M and R rows never ente
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..plan import WindowPlan
@@ -48,39 +50,46 @@ class SetDLMLayout:
         positions `pending_positions`; output position j sits at absolute position `origin + j`."""
         device = pending.device
         u, p = len(plan.order), pending.numel()
-        masks = [self.mask_token_id] * u
-        # Per row: token, position, kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
-        ids, pos = pending.tolist(), pending_positions.tolist()
-        kind, rank, bound = [ROW_N] * p, list(range(p)), [-1] * p
-        drafted = [False] * p
-
-        def add(tokens: list[int], k: int, bounds: list[int], has_draft: list[bool]) -> None:
-            ids.extend(tokens), pos.extend(j + origin for j in plan.order), kind.extend([k] * u)
-            rank.extend(range(u)), bound.extend(bounds), drafted.extend(has_draft)
-
-        if plan.draft is not None:
-            add([masks[0] if d is None else d for d in plan.draft], ROW_O, list(range(u)),
-                [d is not None for d in plan.draft])
-        if plan.verify:
-            add(masks, ROW_M, list(range(u)), [False] * u)
-        for b in plan.regions:
-            add(masks, ROW_R, [b] * u, [False] * u)
-        kind_t, rank_t, bound_t, drafted_t = (torch.tensor(x) for x in (kind, rank, bound, drafted))
-        is_n = kind_t == ROW_N
-        sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
-        sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
-        new = sees_n | sees_o | torch.eye(len(ids), dtype=torch.bool)
-        q = len(ids)
-        mask = torch.cat([torch.ones(q, cache_len, dtype=torch.bool), new], dim=1)
+        drafted = None if plan.draft is None else tuple(d is not None for d in plan.draft)
+        new, proposal_mask = _template(p, u, drafted, plan.verify, plan.regions, device)
+        ids = [] if plan.draft is None else [self.mask_token_id if d is None else d for d in plan.draft]
+        ids += [self.mask_token_id] * (u * (plan.verify + len(plan.regions)))
+        blocks = (plan.draft is not None) + plan.verify + len(plan.regions)
+        positions = torch.tensor(plan.order * blocks, dtype=torch.long, device=device) + origin
+        q = new.shape[0]
+        mask = torch.ones(q, cache_len + q, dtype=torch.bool, device=device)
+        mask[:, cache_len:] = new
         n_verify = u if plan.verify else 0
         first_logit = p + (u if plan.draft is not None else 0)  # M and R rows follow N and O
         return PackedCall(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-            position_ids=torch.tensor([pos], dtype=torch.long, device=device),
-            attention_mask=mask[None, None].to(device),
+            input_ids=torch.cat([pending, torch.tensor(ids, dtype=torch.long, device=device)])[None],
+            position_ids=torch.cat([pending_positions, positions])[None],
+            attention_mask=mask[None, None],
             logit_rows=torch.arange(first_logit, q, device=device),
             verifier_rows=slice(0, n_verify) if plan.verify else None,
             proposal_rows=[slice(n_verify + g * u, n_verify + (g + 1) * u) for g in range(len(plan.regions))],
             cache_rows_before_draft=p,
-            proposal_mask=(kind_t == ROW_R).to(device),
+            proposal_mask=proposal_mask,
         )
+
+
+@lru_cache(maxsize=1024)
+def _template(p: int, u: int, drafted: tuple[bool, ...] | None, verify: bool, regions: tuple[int, ...],
+              device: torch.device):
+    """The new-rows mask and the proposal-row mask for one call shape (few shapes recur: p in {0, 1},
+    a full window, drafts on a prefix of the ranks). Returns ((q, q) bool, (q,) bool)."""
+    # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
+    kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
+    groups = ([(ROW_O, list(range(u)))] if drafted is not None else []) + ([(ROW_M, list(range(u)))] if verify else [])
+    groups += [(ROW_R, [b] * u) for b in regions]
+    for k, bounds in groups:
+        kind += [k] * u
+        rank += list(range(u))
+        bound += bounds
+        has_draft += list(drafted) if k == ROW_O else [False] * u
+    kind_t, rank_t, bound_t, drafted_t = (torch.tensor(x) for x in (kind, rank, bound, has_draft))
+    is_n = kind_t == ROW_N
+    sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
+    sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
+    new = sees_n | sees_o | torch.eye(len(kind), dtype=torch.bool)
+    return new.to(device), (kind_t == ROW_R).to(device)
