@@ -78,6 +78,23 @@ def gsm8k_texts(file: Path) -> list[str]:
     return [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
 
 
+def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Copy a trained run folder into the package as `name`: weights in `dtype` (bfloat16 halves the
+    size; decoding upcasts to the dtype `load` asks for), tokenizer, generation config (with `width`
+    if given) and the training arguments."""
+    import shutil
+
+    out = HERE / name
+    model = AutoModelForCausalLM.from_pretrained(run, dtype=dtype)
+    if width is not None:
+        model.generation_config.speculative_width = width
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(run).save_pretrained(out)
+    if (Path(run) / "training_args.json").is_file():
+        shutil.copy2(Path(run) / "training_args.json", out / "training_args.json")
+    return out
+
+
 def build_random(data: Path, out: Path = HERE / RANDOM, seed: int = 0) -> None:
     """Rebuild `tiny-nemotron-random` (seeded): 1,024-token tokenizer, 2 layers, hidden 64."""
     from ..models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
