@@ -253,8 +253,12 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     """
     generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
     base = generation_config if generation_config is not None else model.generation_config
-    explicit = sorted(k for k in ("speculative_width", "verify_order", "confidence_threshold") if kwargs.get(k))
-    options = {k: kwargs.pop(k, getattr(base, k, default)) for k, default in _OPTIONS.items()}
+    given = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+    explicit = sorted(k for k in ("speculative_width", "verify_order", "confidence_threshold") if given.get(k))
+    # A None option means "use the config", as for stock generate options; only assistant_mode=None is a
+    # choice of its own (stock generate).
+    options = {k: given[k] if given.get(k) is not None or (k == "assistant_mode" and k in given)
+               else getattr(base, k, default) for k, default in _OPTIONS.items()}
     if options["assistant_mode"] is None:
         _reject(bool(explicit), f"{explicit} only apply with assistant_mode=...: set assistant_mode or drop them.")
         if options["stop_sequences"]:  # stock generate gets the same criterion
