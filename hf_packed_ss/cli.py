@@ -75,6 +75,7 @@ DELEGATES = {
     "bench": ("bench", "benchmark the schedules and peer baselines"),
     "probe": ("bench.probe", "fit the tau + delta * n call cost and predict the fastest schedule"),
     "publish": ("publish", "assemble (and upload) the Hub folder of a bundled checkpoint"),
+    "demo": ("demo", "start the Gradio app in which the schedules race side by side (pip install -e '.[demo]')"),
 }
 
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, text) in DELEGATES.items():
         sub.add_parser(name, help=f"{text} (see `hf-packed-ss {name} --help`)")
     run = sub.add_parser("run", help="decode one prompt with every schedule and compare")
-    run.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
+    run.add_argument("--model", default="tiny-nemotron-gsm8k", help="bundled checkpoint name or local folder")
     run.add_argument("--prompt", default=DEFAULT_PROMPT)
     run.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=MODES)
     run.add_argument("--width", type=int, default=None, help="speculative width W (default: the model's)")
