@@ -1,10 +1,12 @@
-"""Test drafters: a layout wrapper whose proposal predictions come from a known continuation, right
-with a chosen probability. The engine must stay exact whatever the drafter says; a good drafter makes
-it take the long-acceptance and mid-block-EOS paths that a random model's drafter never reaches."""
+"""Test helpers: a streamer that records what it gets, and a test drafter: a layout wrapper whose
+proposal predictions come from a known continuation, right with a chosen probability. The engine must
+stay exact whatever the drafter says; a good drafter makes it take the long-acceptance and mid-block-EOS
+paths that a random model's drafter never reaches."""
 
 from __future__ import annotations
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.plan import CallResult
@@ -41,3 +43,17 @@ class OracleLayout(NemotronLayout):
 
         call.read = oracle_read
         return call
+
+
+class Collect(BaseStreamer):
+    """A streamer that keeps every `put` (the first is the prompt) and whether `end` was called."""
+
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True

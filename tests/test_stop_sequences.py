@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_setdlm
-from transformers.generation.streamers import BaseStreamer
+from drafters import Collect
 
 from hf_packed_ss import bundled
 
@@ -78,18 +78,6 @@ def test_any_order_markers_fill_earlier_positions_and_earliest_wins(formats, mod
         ends = [j + len(m) for j in range(len(tail)) for m in markers if tail[j : j + len(m)] == m]
         assert min(ends) == len(tail)  # no marker ends earlier: the earliest-ending one won
         assert model.config.mask_token_id not in tail and out.decoding_stats.new_tokens == len(tail)
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.puts: list[list[int]] = []
-        self.ended = False
-
-    def put(self, value):
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ended = True
 
 
 @pytest.mark.parametrize("order", ["ltr", "confidence"])

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drafters import OracleLayout
+from drafters import Collect, OracleLayout
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
-from transformers.generation.streamers import BaseStreamer
 
 from hf_packed_ss import bundled
 from hf_packed_ss.generation import model_forward, stopping
@@ -23,18 +22,6 @@ def loaded():
     model, tokenizer = bundled.load("tiny-nemotron-random", dtype=torch.float64)
     ids = tokenizer("Question: Tom has 3 apples.", return_tensors="pt").input_ids
     return model, tokenizer, ids
-
-
-class Collect(BaseStreamer):
-    def __init__(self):
-        self.puts: list[list[int]] = []
-        self.ended = False
-
-    def put(self, value):
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ended = True
 
 
 class StopAtToken(StoppingCriteria):
