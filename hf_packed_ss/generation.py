@@ -259,6 +259,9 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     # choice of its own (stock generate).
     options = {k: given[k] if given.get(k) is not None or (k == "assistant_mode" and k in given)
                else getattr(base, k, default) for k, default in _OPTIONS.items()}
+    config_mode = getattr(base, "assistant_mode", None)
+    if given.get("speculative_width") is None and config_mode not in (None, options["assistant_mode"]):
+        options["speculative_width"] = None  # the config's width was chosen for its own mode; use this one's default
     if options["assistant_mode"] is None:
         _reject(bool(explicit), f"{explicit} only apply with assistant_mode=...: set assistant_mode or drop them.")
         if options["stop_sequences"]:  # stock generate gets the same criterion

@@ -91,12 +91,15 @@ def test_publish_folder_loads_in_a_fresh_process(tmp_path, name):
 
 
 def test_none_options_fall_back_to_the_generation_config():
-    """`speculative_width=None` (as a benchmark passes it) means the checkpoint's width, not the largest one."""
+    """`speculative_width=None` (as a benchmark passes it) means the checkpoint's width, not the largest one;
+    that width belongs to the config's own assistant_mode, other modes keep their defaults."""
     model, tokenizer = bundled.load("tiny-nemotron-random")
     model.generation_config.speculative_width = 3
     ids = tokenizer("Question: 1 + 1?", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, speculative_width=None, verify_order=None,
                          return_dict_in_generate=True)
     assert out.decoding_stats.width == 3
+    other = model.generate(ids, max_new_tokens=4, assistant_mode="quadratic_ss", return_dict_in_generate=True)
+    assert other.decoding_stats.width == 7  # the config's width is for packed_ss; quadratic_ss keeps B = 8
     stock = model.generate(ids, max_new_tokens=4, assistant_mode=None, speculative_width=None)
     assert stock.shape == (1, 4 + ids.shape[1])
