@@ -16,8 +16,9 @@ class OracleLayout(NemotronLayout):
     """Replaces the drafter logits of every proposal by a one-hot on `continuation[pos - start]`
     (probability `accuracy`) or on a random token; verifier logits are the model's own."""
 
-    def __init__(self, mask_token_id: int, vocab: int, continuation: list[int], start: int, accuracy: float, seed=0):
-        super().__init__(mask_token_id)
+    def __init__(self, mask_token_id: int, vocab: int, continuation: list[int], start: int, accuracy: float, seed=0,
+                 static_shapes: bool = False):
+        super().__init__(mask_token_id, static_shapes)
         self.vocab, self.continuation, self.start, self.accuracy = vocab, continuation, start, accuracy
         self.gen = torch.Generator().manual_seed(seed)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import reference_greedy, tiny_model
+from drafters import OracleLayout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.plan import CallResult
 from hf_packed_ss.runner import run
@@ -38,6 +40,29 @@ def test_rows_per_call(width):
         else:  # quadratic_ss: one call of B(B + 1) rows
             assert set(later) == {B * (B + 1)} and len(later) == len(stats.accepted_per_iteration) - 1
 
+
+
+@pytest.mark.parametrize("width", [2, 4, 7])
+def test_packed_ss_drops_verifier_padding_exactly(width):
+    """Without static shapes a Packed-SS call holds only the draft it verifies: 1 + k verifier rows
+    (k = max(0, W - A_{t-1}), the proposals left after the previous acceptance) + W + 1 proposal rows. With
+    static shapes it pads to 2B rows. Both decode the same tokens with the same acceptances."""
+    model = tiny_model(11)
+    prompt = torch.arange(4)
+    full = reference_greedy(model, prompt, 60)
+    runs = {}
+    for static in (False, True):
+        layout = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, 4, 0.8, 0, static)
+        with torch.no_grad():
+            seq, stats = run(model_forward(model), SCHEDULES["packed_ss"](width), layout, prompt, 60)
+        assert seq[4:].tolist() == full
+        runs[static] = stats
+    lean, padded = runs[False], runs[True]
+    assert lean.accepted_per_iteration == padded.accepted_per_iteration
+    assert set(padded.rows_per_call[1:]) == {2 * (width + 1)}
+    drafts = [width] + [max(0, width - a) for a in lean.accepted_per_iteration[1:-1]]
+    assert lean.rows_per_call[1:] == [1 + k + 1 + width for k in drafts]
+    assert sum(lean.rows_per_call) < sum(padded.rows_per_call)
 
 class _Null:
     """A forward that returns zeros: the threshold layout below supplies every prediction."""

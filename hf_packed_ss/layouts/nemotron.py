@@ -4,25 +4,30 @@ in one input, over a KV cache that holds the verified prefix P minus its last to
 Rows of a call, in order (cacheable rows first, so committing the cache is one crop):
 
 1. verifier block: the uncached tail of P (its last token; the whole prompt on the first call),
-   then the draft tokens, then MASK padding up to ``draft_slots``; causal (lower-triangular).
+   then the draft tokens; causal (lower-triangular). With ``static_shapes`` the block is padded with
+   MASK rows up to ``draft_slots`` so every regular call has one shape (for compiled graphs); by
+   default the padding is dropped: it can never extend acceptance and no other row attends to it,
+   so dropping it is exact and saves rows when a Packed-SS draft is shorter than W.
 2. one block per proposal: ``[anchor, MASK x L]`` (anchored; the anchor is the context's last token
    and sees only what precedes it) or ``[MASK x L]`` (unanchored; sees the whole context through the
    causal verifier rows); bidirectional inside the block.
 
 Every row also sees the whole cache. Worked example, P = (p0 .. p9) with p0..p8 cached, draft
-(d1, d2), width W = 4, Packed-SS (one anchored proposal of length 4), so B = 5 and 2B = 10 rows::
+(d1, d2), width W = 4, Packed-SS (one anchored proposal of length 4), static_shapes (2B = 10 rows)::
 
     row  token  pos   sees (besides cache 0..8)
      0   p9      9    0                     verifier: row 0 scores pos 10, row 1 pos 11, row 2 pos 12
      1   d1     10    0-1
      2   d2     11    0-2
-     3   MASK   12    0-3                   padding (its prediction is never read)
+     3   MASK   12    0-3                   padding, static_shapes only (its prediction is never read)
      4   MASK   13    0-4
      5   p9      9    5-9                   proposal block; rows 6..9 score positions 10..13 given P
      6   MASK   10    5-9
      7   MASK   11    5-9
      8   MASK   12    5-9
      9   MASK   13    5-9
+
+(Without static_shapes rows 3-4 are absent and the proposal block is rows 3..7.)
 
 After h accepted draft tokens the cache keeps rows 0..h (p9, d1..dh); all other rows are dropped.
 """
@@ -80,15 +85,16 @@ class NemotronLayout:
     """Builds `PackedCall`s for models whose AR logit at row i scores position i + 1 and whose
     diffusion logit at a MASK row scores that row's own position."""
 
-    def __init__(self, mask_token_id: int):
+    def __init__(self, mask_token_id: int, static_shapes: bool = False):
         self.mask_token_id = mask_token_id
+        self.static_shapes = static_shapes
 
     def build(self, plan: CallPlan, prefix: torch.Tensor, cache_len: int) -> PackedCall:
         """Lay out `plan` after `prefix` (1D, the verified prefix P) whose first `cache_len` tokens are cached."""
         n, k, device = prefix.numel(), plan.n_draft, prefix.device
         tail = prefix[cache_len:] if plan.verify else prefix[:0]
         t = tail.numel()
-        slots = max(plan.draft_slots, k) if plan.verify else 0
+        slots = (max(plan.draft_slots, k) if self.static_shapes else k) if plan.verify else 0
         pads = torch.full((slots - k,), self.mask_token_id, dtype=torch.long, device=device)
         pieces = [tail, plan.draft.to(device), pads]
         kept: list[torch.Tensor] = []
