@@ -20,7 +20,25 @@ import torch
 from .generation import MODES
 from .schedules import SCHEDULES
 
-DEFAULT_PROMPT = "Question: Natalia sold clips to 48 of her friends in April. How many clips did she sell?\nAnswer:"
+QUESTION = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
+DRAFTER, TINY = "smollm2-135m-drafter", "tiny-nemotron-gsm8k"
+
+
+def default_model() -> str:
+    """The SmolLM2 drafter when its base model is installed, else the tiny trained checkpoint (with a hint)."""
+    from . import bundled, smollm2
+
+    if smollm2.installed() and DRAFTER in bundled.names():
+        return DRAFTER
+    print(f"(using {TINY}; for the SmolLM2-135M drafter: {smollm2.HINT})", file=sys.stderr)
+    return TINY
+
+
+def encode_prompt(tokenizer, prompt: str | None) -> torch.Tensor:
+    """`prompt` as given, or the default question in the model's own prompt format."""
+    from .bench.suites import question_ids
+
+    return question_ids(tokenizer, QUESTION) if prompt is None else tokenizer(prompt, return_tensors="pt").input_ids
 
 
 def load_model(name_or_path: str, dtype: torch.dtype):
@@ -51,8 +69,8 @@ def _table(rows: list[dict]) -> str:
 def run_command(args: argparse.Namespace) -> int:
     import hf_packed_ss  # noqa: F401
 
-    model, tokenizer = load_model(args.model, getattr(torch, args.dtype))
-    ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    model, tokenizer = load_model(args.model or default_model(), getattr(torch, args.dtype))
+    ids = encode_prompt(tokenizer, args.prompt)
     rows, reference = [], None
     for mode in args.schedules:
         out = model.generate(ids, assistant_mode=mode, speculative_width=args.width,
@@ -89,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, text) in DELEGATES.items():
         sub.add_parser(name, help=f"{text} (see `hf-packed-ss {name} --help`)")
     run = sub.add_parser("run", help="decode one prompt with every schedule and compare")
-    run.add_argument("--model", default="tiny-nemotron-gsm8k", help="bundled checkpoint name or local folder")
-    run.add_argument("--prompt", default=DEFAULT_PROMPT)
+    run.add_argument("--model", default=None, help=f"bundled checkpoint name or local folder (default: {DRAFTER} "
+                     f"when the SmolLM2 base is installed, else {TINY})")
+    run.add_argument("--prompt", default=None, help="raw prompt text (default: a GSM8K question, in the chat "
+                     "template when the tokenizer has one)")
     run.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=MODES)
     run.add_argument("--width", type=int, default=None, help="speculative width W (default: the model's)")
     run.add_argument("--max-new-tokens", type=int, default=64)

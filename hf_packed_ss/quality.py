@@ -13,13 +13,12 @@ from pathlib import Path
 
 import torch
 
-TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+from .bench.suites import GSM8K_TEST, question_ids
 
 
-def gsm8k_prompts(file: Path = TEST, limit: int = 10) -> list[str]:
-    """The first `limit` GSM8K questions in the prompt format the bundled models were trained on."""
-    rows = [json.loads(line) for line in Path(file).read_text().splitlines()[:limit]]
-    return [f"Question: {r['question']}\nAnswer:" for r in rows]
+def gsm8k_questions(file: Path = GSM8K_TEST, limit: int = 10) -> list[str]:
+    """The first `limit` GSM8K test questions (bare; `question_ids` puts them in each model's format)."""
+    return [json.loads(line)["question"] for line in Path(file).read_text().splitlines()[:limit]]
 
 
 def max_ngram_repeats(tokens: list[int], n: int = 6) -> int:
@@ -28,10 +27,11 @@ def max_ngram_repeats(tokens: list[int], n: int = 6) -> int:
     return max(grams.values(), default=0)
 
 
-def measure(model, tokenizer, prompts: list[str], schedules: list[str], width: int | None = None,
+def measure(model, tokenizer, questions: list[str], schedules: list[str], width: int | None = None,
             max_new_tokens: int = 128, **generate_kwargs) -> dict:
-    """Greedy-decode every prompt with every schedule; per schedule: tokens/NFE (total tokens over total
-    NFE), EOS rate, worst 6-gram repeat count, and how many outputs differ from the first schedule."""
+    """Greedy-decode every question (in the model's prompt format) with every schedule; per schedule:
+    tokens/NFE (total tokens over total NFE), EOS rate, worst 6-gram repeat count, and how many outputs
+    differ from the first schedule."""
     eos = model.generation_config.eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
     report: dict = {}
@@ -39,8 +39,8 @@ def measure(model, tokenizer, prompts: list[str], schedules: list[str], width: i
     for mode in schedules:
         tokens = nfe = ended = differ = 0
         repeats = []
-        for i, prompt in enumerate(prompts):
-            ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+        for i, question in enumerate(questions):
+            ids = question_ids(tokenizer, question).to(model.device)
             with torch.no_grad():
                 out = model.generate(ids, assistant_mode=mode, speculative_width=width, max_new_tokens=max_new_tokens,
                                      do_sample=False, return_dict_in_generate=True, **generate_kwargs)

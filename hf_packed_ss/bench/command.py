@@ -22,7 +22,7 @@ from . import report
 from .grading import grade
 from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
 from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
-from .suites import SUITES, Prompt, load_suite
+from .suites import SUITES, Prompt, chat_ids, load_suite
 
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 BASELINE = "linear_ss"
@@ -34,7 +34,9 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--suite", default="sample", help=f"one of {SUITES}; `sample` is 20 bundled GSM8K questions")
     p.add_argument("--data", default=None, help="the GSM8K (or HumanEval) file to read instead of the default")
     p.add_argument("--prompt-field", default="prompt", help="field holding the prompt in a jsonl:<file> suite")
-    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to every prompt")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="put each prompt in the tokenizer's chat template (default: when the tokenizer has one; "
+                        "GSM8K questions then go in bare, as the SmolLM2 drafter was trained)")
     p.add_argument("--schedules", nargs="+", default=None, choices=MODES + list(PEERS), metavar="SCHEDULE",
                    help=f"from {MODES + list(PEERS)} (default: ar linear_ss quadratic_ss packed_ss stock "
                         "prompt_lookup, plus native on SetDLM)")
@@ -85,15 +87,15 @@ def check_schedules(schedules: list[str], model) -> None:
         raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
 
 
-def encode(tokenizer, text: str, chat: bool) -> torch.Tensor:
-    """Prompt ids `(1, n)`; the chat template only when asked (our bundled models were trained without one)."""
-    if not chat:
-        return tokenizer(text, return_tensors="pt").input_ids
-    if not getattr(tokenizer, "chat_template", None):
+def encode(tokenizer, prompt: Prompt, chat: bool | None) -> torch.Tensor:
+    """Prompt ids `(1, n)`. In the chat template (by default when the tokenizer has one) the user turn is
+    the bare question where the suite has one, else the prompt text."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat and not has_template:
         raise SystemExit("--chat: this tokenizer has no chat template.")
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
-    return ids
+    if chat is False or not has_template:
+        return tokenizer(prompt.text, return_tensors="pt").input_ids
+    return chat_ids(tokenizer, prompt.question or prompt.text)
 
 
 def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     model.to(device)
     schedules = args.schedules or default_schedules(model)
     check_schedules(schedules, model)
-    inputs = [encode(tokenizer, p.text, args.chat).to(device) for p in prompts]
+    inputs = [encode(tokenizer, p, args.chat).to(device) for p in prompts]
     settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
                         args.prompt_lookup_tokens)
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,

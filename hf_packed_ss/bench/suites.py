@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..quality import TEST as GSM8K_TEST
+import torch
 
+GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 SUITES = ("sample", "gsm8k", "humaneval", "jsonl:<file>")
 
@@ -32,11 +33,26 @@ class Prompt:
     text: str
     grader: str | None = None
     reference: dict = field(default_factory=dict)
+    question: str | None = None  # the bare question, the user turn of a chat template
 
 
 def gsm8k_prompt(question: str) -> str:
-    """The format the bundled models were trained on (`quality.gsm8k_prompts`)."""
+    """The format the tiny bundled models were trained on (no chat template)."""
     return f"Question: {question}\nAnswer:"
+
+
+def chat_ids(tokenizer, message: str) -> torch.Tensor:
+    """`(1, n)` ids of `message` as the user turn of the tokenizer's chat template, ready for the answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]
+
+
+def question_ids(tokenizer, question: str) -> torch.Tensor:
+    """A GSM8K-style question as each bundled model was trained to see it: the chat template where the
+    tokenizer has one (SmolLM2), else `gsm8k_prompt`."""
+    if getattr(tokenizer, "chat_template", None):
+        return chat_ids(tokenizer, question)
+    return tokenizer(gsm8k_prompt(question), return_tensors="pt").input_ids
 
 
 def _read_jsonl(file: Path) -> list[dict]:
@@ -46,7 +62,7 @@ def _read_jsonl(file: Path) -> list[dict]:
 
 
 def _gsm8k(file: Path, name: str) -> list[Prompt]:
-    return [Prompt(f"{name}/{i}", gsm8k_prompt(r["question"]), "gsm8k", {"answer": r["answer"]})
+    return [Prompt(f"{name}/{i}", gsm8k_prompt(r["question"]), "gsm8k", {"answer": r["answer"]}, r["question"])
             for i, r in enumerate(_read_jsonl(file))]
 
 

@@ -95,6 +95,30 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
     return out
 
 
+def bundle_drafter(run: Path, name: str, width: int | None = None) -> Path:
+    """Copy a trained drafter run (PEFT adapter + MASK embedding) into the package as `name`, with the
+    base model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in
+    `adapter_config.json`, and `width` in the generation config if given."""
+    import shutil
+
+    from .. import smollm2
+
+    out = HERE / name
+    out.mkdir(parents=True, exist_ok=True)
+    for file in ("adapter_model.safetensors", "mask_embedding.safetensors", "generation_config.json",
+                 "training_args.json"):
+        shutil.copy2(Path(run) / file, out / file)
+    config = json.loads((Path(run) / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = smollm2.HUB_ID
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    AutoTokenizer.from_pretrained(smollm2.base_folder()).save_pretrained(out)
+    if width is not None:
+        generation = GenerationConfig.from_pretrained(out)
+        generation.speculative_width = width
+        generation.save_pretrained(out)
+    return out
+
+
 def build_random(data: Path, out: Path = HERE / RANDOM, seed: int = 0) -> None:
     """Rebuild `tiny-nemotron-random` (seeded): 1,024-token tokenizer, 2 layers, hidden 64."""
     from ..models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
