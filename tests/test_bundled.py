@@ -92,6 +92,48 @@ def test_publish_folder_loads_in_a_fresh_process(tmp_path, name):
     assert done.stdout.strip().endswith("packed_ss")
 
 
+def _adapters() -> list[str]:
+    return [n for n in bundled.names() if (bundled.path(n) / "adapter_config.json").is_file()]
+
+
+@pytest.mark.parametrize("name", _adapters())
+def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
+    """The adapter folder names its Hub base, carries the MASK embedding and the base's tokenizer, and
+    decodes (Packed-SS by default) exactly as the base model's greedy decoding in a fresh process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hf_packed_ss import smollm2
+
+    folder = tmp_path / name
+    assert main(["publish", name, "--repo-id", f"someone/{name}", "--local-dir", str(folder)]) == 0
+    head = (folder / "README.md").read_text().split("---")[1]
+    for field in ("license:", "library_name: peft", f"base_model: {smollm2.HUB_ID}", "datasets:", "tags:"):
+        assert field in head, field
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == smollm2.HUB_ID
+    for file in ("adapter_model.safetensors", "mask_embedding.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (folder / file).is_file(), file
+    script = (
+        "import sys, torch\n"
+        "from hf_packed_ss import smollm2\n"
+        "from hf_packed_ss.bench.suites import question_ids\n"
+        "m, t = smollm2.load(sys.argv[1])\n"
+        "ids = question_ids(t, 'What is 12 + 30?')\n"
+        "a = m.generate(ids, max_new_tokens=8, assistant_mode=None, do_sample=False)\n"
+        "b = m.generate(ids, max_new_tokens=8)\n"
+        "assert torch.equal(a, b), (a, b)\n"
+        "print(m.generation_config.assistant_mode)\n"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+           "HF_PACKED_SS_CACHE": str(smollm2.cache_dir().parent), "HOME": os.environ.get("HOME", "/root")}
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("packed_ss")
+
+
 def test_none_options_fall_back_to_the_generation_config():
     """`speculative_width=None` (as a benchmark passes it) means the checkpoint's width, not the largest one;
     that width belongs to the config's own assistant_mode, other modes keep their defaults."""

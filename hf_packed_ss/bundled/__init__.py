@@ -49,9 +49,7 @@ def load(name: str, dtype: torch.dtype | None = None):
     if (folder / "adapter_config.json").is_file():  # a drafter for a base model installed separately
         from .. import smollm2
 
-        model, tokenizer = smollm2.load(folder, dtype)
-        model.generation_config = GenerationConfig.from_pretrained(folder)
-        return model, tokenizer
+        return smollm2.load(folder, dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(folder)
 
