@@ -248,7 +248,7 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "prompt_lookup" in capsys.readouterr().out
 
-    probe_json = tmp_path / "probe.json"
+    probe_json = out / "probe.json"  # beside results.json: the README section picks it up
     assert cli_main(["probe", "--results", str(out / "results.json"), "--rows", "1", "4", "--iters", "1",
                      "--context", "16", "--json", str(probe_json)]) == 0
     probe = json.loads(probe_json.read_text())
@@ -265,3 +265,4 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     text = readme.read_text()
     assert "old figures" not in text and text.endswith(f"{END}\n\nafter\n")
     assert "hf-packed-ss bench --model tiny-nemotron-random --limit 2" in text and "| packed_ss |" in text
+    assert f"tau = {probe['tau_s'] * 1e3:.3f} ms" in text and "| predicted tokens/s |" not in text.split(END)[1]
