@@ -55,3 +55,58 @@ def measure(model, tokenizer, questions: list[str], schedules: list[str], width:
         report[mode] = {"tokens_per_nfe": tokens / max(nfe, 1), "tokens": tokens, "nfe": nfe, "ended_with_eos": ended,
                         "max_6gram_repeats": max(repeats), "differs_from_" + schedules[0]: differ}
     return report
+
+
+START, END = "<!-- quality:start -->", "<!-- quality:end -->"
+
+
+def table(report: dict, width: int, reference: str) -> str:
+    lines = [f"| schedule | W | tokens/NFE | ended with EOS | max 6-gram repeats | differs from {reference} |",
+             "|---|---|---|---|---|---|"]
+    for mode, r in report.items():
+        w = 0 if mode == "ar" else width
+        lines.append(f"| {mode} | {w} | {r['tokens_per_nfe']:.2f} | {r['ended_with_eos']}/{r['n']} | "
+                     f"{r['max_6gram_repeats']} | {r.get('differs_from_' + reference, '-')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hf_packed_ss.quality NAME [--card FILE]`: measure and (optionally) rewrite the card's block."""
+    import argparse
+    import shlex
+    import sys
+
+    from .cli import load_model
+    from .generation import default_width
+
+    p = argparse.ArgumentParser(prog="python -m hf_packed_ss.quality", description=__doc__.splitlines()[0])
+    p.add_argument("model", help="bundled checkpoint name or local folder")
+    p.add_argument("--schedules", nargs="+", default=["ar", "linear_ss", "quadratic_ss", "packed_ss"])
+    p.add_argument("--width", type=int, default=None, help="default: the checkpoint's generation config")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--card", type=Path, default=None, help=f"rewrite the block between {START} and {END}")
+    args = p.parse_args(argv)
+    model, tokenizer = load_model(args.model, torch.float32)
+    width = args.width or model.generation_config.speculative_width or default_width(model.config, "packed_ss")
+    questions = gsm8k_questions(limit=args.limit)
+    report = measure(model, tokenizer, questions, args.schedules, width, args.max_new_tokens)
+    for r in report.values():
+        r["n"] = len(questions)
+    text = "\n".join([
+        f"{len(questions)} GSM8K test questions, {args.max_new_tokens} new tokens, greedy, float32, "
+        f"Packed-SS at the checkpoint's width (W = {width}):", "", "```bash",
+        "python -m hf_packed_ss.quality " + shlex.join(a for a in (argv if argv is not None else sys.argv[1:])
+                                                       if a != str(args.card) and a != "--card"),
+        "```", "", table(report, width, args.schedules[0])])
+    print(text)
+    if args.card is not None:
+        card = args.card.read_text()
+        if START not in card or END not in card:
+            raise SystemExit(f"{args.card} has no {START} ... {END} block.")
+        args.card.write_text(card[: card.index(START)] + f"{START}\n{text}\n{END}" + card[card.index(END) + len(END):])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

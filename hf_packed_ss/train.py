@@ -65,6 +65,8 @@ class TrainConfig:
     lora_rank: int = 32  # drafter only
     blocks: int = 16  # drafter only: blocks of `block_size` rows per sequence and step
     base_dtype: str = "float32"  # drafter only: the frozen base (bfloat16 matmuls are ~7x slower on AVX2 CPUs)
+    rope: str = "default"  # setdlm only: "yarn" uses the Nemotron format's RoPE (for --init from it)
+    init: str = ""  # a trained run folder (either format, same tokenizer) whose stack and head start this run
 
 
 def build_model(cfg: TrainConfig, tokenizer):
@@ -81,8 +83,9 @@ def build_model(cfg: TrainConfig, tokenizer):
         config = NemotronLabsDiffusionConfig(**common, rope_parameters=yarn_rope(4096), block_size=cfg.block_size)
         return NemotronLabsDiffusionModel(config)
     if cfg.format == "setdlm":
+        rope = {"rope_parameters": yarn_rope(4096)} if cfg.rope == "yarn" else {}
         config = SetDLMConfig(**common, max_block_size=cfg.block_size, block_size=cfg.seq_len,
-                              tie_word_embeddings=False)
+                              tie_word_embeddings=False, **rope)
         return SetDLMModel(config)
     raise ValueError(f"Unknown --format {cfg.format!r}; choose nemotron or setdlm.")
 
@@ -206,10 +209,34 @@ def prepare(cfg: TrainConfig):
     if (out / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(out)
     else:
-        tokenizer = train_tokenizer(texts, cfg.vocab)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.init) if cfg.init else train_tokenizer(texts, cfg.vocab)
         tokenizer.save_pretrained(out)
     torch.manual_seed(cfg.seed)
-    return tokenizer, corpus(tokenizer, texts), build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer)
+    if cfg.init:
+        warm_start(model, Path(cfg.init))
+    return tokenizer, corpus(tokenizer, texts), model
+
+
+def warm_start(model, init: Path) -> None:
+    """Copy the decoder stack and output head of a trained model of either format into `model`.
+
+    Both formats read a MASK row's logit as the token at its own position and share layer shapes, so a
+    trained Nemotron-format model is a strong start for the SetDLM objective; parameters only one side
+    has (Qwen3's q/k norms) keep their fresh initialisation."""
+    from transformers import AutoModelForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
+    theirs = {**{f"stack.{k}": v for k, v in getattr(source, source.base_model_prefix).state_dict().items()},
+              **{f"head.{k}": v for k, v in getattr(source, source.head_name).state_dict().items()}}
+    ours = {**{f"stack.{k}": v for k, v in getattr(model, model.base_model_prefix).state_dict().items()},
+            **{f"head.{k}": v for k, v in getattr(model, model.head_name).state_dict().items()}}
+    shared = [k for k in ours if k in theirs and theirs[k].shape == ours[k].shape]
+    if not any(k.startswith("stack.layers.") for k in shared):
+        raise ValueError(f"--init {init}: no decoder layer matches this model's shapes; train from scratch instead.")
+    with torch.no_grad():
+        for k in shared:
+            ours[k].copy_(theirs[k])
 
 
 DRAFTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
