@@ -83,7 +83,10 @@ def build_model(cfg: TrainConfig, tokenizer):
         config = NemotronLabsDiffusionConfig(**common, rope_parameters=yarn_rope(4096), block_size=cfg.block_size)
         return NemotronLabsDiffusionModel(config)
     if cfg.format == "setdlm":
-        rope = {"rope_parameters": yarn_rope(4096)} if cfg.rope == "yarn" else {}
+        # Qwen3 reads YaRN without the Ministral3-only llama-4 scaling and the duplicated context length
+        yarn = {k: v for k, v in yarn_rope(4096).items()
+                if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
+        rope = {"rope_parameters": yarn} if cfg.rope == "yarn" else {}
         config = SetDLMConfig(**common, max_block_size=cfg.block_size, block_size=cfg.seq_len,
                               tie_word_embeddings=False, **rope)
         return SetDLMModel(config)

@@ -94,18 +94,22 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
 
 
 def bundle_drafter(run: Path, name: str, width: int | None = None) -> Path:
-    """Copy a trained drafter run (PEFT adapter + MASK embedding) into the package as `name`, with the
+    """Copy a trained drafter run (PEFT adapter in bfloat16 + MASK embedding) into the package as `name`, with the
     base model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in
     `adapter_config.json`, and `width` in the generation config if given."""
     import shutil
+
+    from safetensors.torch import load_file, save_file
 
     from .. import smollm2
 
     out = HERE / name
     out.mkdir(parents=True, exist_ok=True)
-    for file in ("adapter_model.safetensors", "mask_embedding.safetensors", "generation_config.json",
-                 "training_args.json"):
+    for file in ("mask_embedding.safetensors", "generation_config.json", "training_args.json"):
         shutil.copy2(Path(run) / file, out / file)
+    adapter = load_file(Path(run) / "adapter_model.safetensors")  # bfloat16 halves the size; loading upcasts
+    save_file({k: v.to(torch.bfloat16) for k, v in adapter.items()}, out / "adapter_model.safetensors",
+              metadata={"format": "pt"})
     config = json.loads((Path(run) / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = smollm2.HUB_ID
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
