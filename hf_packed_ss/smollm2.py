@@ -65,8 +65,16 @@ def base_folder() -> Path:
         model = type(quantized)(type(quantized.config).from_dict(fields))
     model.load_state_dict(quantized.state_dict(), assign=True)
     model.generation_config = quantized.generation_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    # Write beside the cache and rename into place: concurrent first uses (test workers) never see half a folder.
+    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    try:
+        partial.rename(out)
+    except OSError:  # another process finished first; its copy is identical
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
     return out
 
 
