@@ -46,6 +46,19 @@ def test_run_command_prints_every_schedule(capsys):
     assert "NO" not in printed.split("same as ar")[1]
 
 
+def test_run_command_falls_back_to_the_tiny_checkpoint_with_a_hint(monkeypatch, capsys):
+    """Without the SmolLM2 base the main command still decodes, with a trained tiny checkpoint, and says how
+    to get the drafter in one line."""
+    from hf_packed_ss import cli, smollm2
+
+    monkeypatch.setattr(smollm2, "installed", lambda: False)
+    assert cli.default_model() == "tiny-nemotron-gsm8k"
+    hint = capsys.readouterr().err
+    assert smollm2.HINT in hint and len(hint.strip().splitlines()) == 1
+    monkeypatch.setattr(smollm2, "installed", lambda: True)
+    assert cli.default_model() == "smollm2-135m-drafter"
+
+
 def _full_models() -> list[str]:
     return [n for n in bundled.names() if (bundled.path(n) / "config.json").is_file()]
 
