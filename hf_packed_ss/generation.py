@@ -65,9 +65,12 @@ FAMILIES = {
 
 
 def family(config) -> Family | None:
+    """A registered format's family, or the prefix family for any causal LM given a MASK id and block size."""
     if config.model_type in FAMILIES:
         return FAMILIES[config.model_type]
     return PREFIX if getattr(config, "block_size", None) and getattr(config, "mask_token_id", None) else None
+
+
 MODES = sorted(set(SCHEDULES) | set(WINDOW_SCHEDULES))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..generation import FAMILIES, MODES
+from ..generation import MODES, family
 from . import report
 from .grading import grade
 from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
@@ -75,14 +75,14 @@ def default_schedules(model) -> list[str]:
 
 def check_schedules(schedules: list[str], model) -> None:
     """Reject up front what the model cannot decode (e.g. `native` on a left-to-right format)."""
-    family = FAMILIES.get(getattr(model.config, "model_type", None))
+    fam = family(model.config)  # also a plain causal LM given a MASK id and block size (the SmolLM2 drafter)
     ours = [s for s in schedules if s not in PEERS]
-    if ours and family is None:
+    if ours and fam is None:
         raise SystemExit(f"{type(model).__name__} has no packed layout: run only {list(PEERS)}.")
-    wrong = [s for s in ours if s not in family.schedules]
+    wrong = [s for s in ours if s not in fam.schedules]
     if wrong:
         raise SystemExit(f"{wrong} not available on model_type {model.config.model_type!r}; "
-                         f"choose from {sorted(family.schedules) + list(PEERS)}.")
+                         f"choose from {sorted(fam.schedules) + list(PEERS)}.")
     if len(set(schedules)) != len(schedules):
         raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
 

@@ -122,7 +122,8 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0) 
                   attention_mask=torch.ones_like(ids), **settings.sampling())
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = lookup
-    with CallMeter(model) as meter:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT calls the base's forward
+    with CallMeter(inner) as meter:
         sync(ids.device)
         start = time.perf_counter()
         out = model.generate(ids, **kwargs)
