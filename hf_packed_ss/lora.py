@@ -51,15 +51,15 @@ class _MaskEmbeddingGate:
         return output + where[..., None].to(output.dtype) * self.embedding.delta.to(output.dtype)
 
 
-@contextmanager
-def proposal_only_adapters(model: nn.Module):
-    """Gate every LoRA layer of `model` (and a learned MASK embedding, if attached) to proposal rows
-    for the duration of the block."""
+def install_gate(model: nn.Module):
+    """Gate every LoRA layer of `model` (and a learned MASK embedding, if attached) to proposal rows until
+    the returned `remove()` is called; outside a marked forward no row gets the update, so a plain forward
+    (stock `generate`) is the untouched base model. Returns None when there is nothing to gate or a gate is
+    already installed."""
     layers = _lora_layers(model)
     mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
-    if not layers and mask_embedding is None:
-        yield
-        return
+    if (not layers and mask_embedding is None) or getattr(model, "_hf_packed_ss_gate", None) is not None:
+        return None
     if any(any(getattr(m, "use_dora", {}).values()) for m in layers):
         raise ValueError("DoRA adapters cannot be restricted to proposal rows; use a plain LoRA adapter.")
     gate = _RowGate()
@@ -70,12 +70,24 @@ def proposal_only_adapters(model: nn.Module):
         hook = _MaskEmbeddingGate(mask_embedding, gate)
         handles.append(model.get_input_embeddings().register_forward_hook(hook))
     model._hf_packed_ss_gate = gate
-    try:
-        yield
-    finally:
+
+    def remove() -> None:
         for h in handles:
             h.remove()
         del model._hf_packed_ss_gate
+
+    return remove
+
+
+@contextmanager
+def proposal_only_adapters(model: nn.Module):
+    """`install_gate` for the duration of the block (a gate installed before, e.g. by a drafter, stays)."""
+    remove = install_gate(model)
+    try:
+        yield
+    finally:
+        if remove is not None:
+            remove()
 
 
 @contextmanager

@@ -90,6 +90,7 @@ class MaskEmbedding(nn.Module):
 def attach_drafter(model: nn.Module, block_size: int, mask_embedding: MaskEmbedding | None = None) -> nn.Module:
     """Make a causal LM (optionally wrapped by PEFT) decodable with `assistant_mode`: set the MASK id
     and block size on its config, attach the mask embedding, and give it our `generate` front."""
+    from .lora import install_gate
     from .models.release import enable
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -97,6 +98,7 @@ def attach_drafter(model: nn.Module, block_size: int, mask_embedding: MaskEmbedd
     inner.config.block_size = block_size
     embedding = mask_embedding or MaskEmbedding(inner.config.hidden_size)
     object.__setattr__(inner, "_hf_packed_ss_mask_embedding", embedding.to(inner.device))
+    install_gate(inner)  # the adapter drafts only: a plain forward (stock generate) stays the base model
     enable(inner)
     return model
 

@@ -91,7 +91,7 @@ def test_publish_folder_loads_in_a_fresh_process(tmp_path, name):
     script = (
         "import sys, torch, hf_packed_ss\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True, dtype=torch.float32)\n"
         "t = AutoTokenizer.from_pretrained(sys.argv[1], local_files_only=True)\n"
         "ids = t('Question: 1 + 2?', return_tensors='pt').input_ids\n"
         "a = m.generate(ids, max_new_tokens=6, assistant_mode=None, do_sample=False)\n"
