@@ -13,11 +13,13 @@ from pathlib import Path
 
 import torch
 
-from .bench.suites import GSM8K_TEST, question_ids
+from .bench.suites import GSM8K_TEST, SAMPLE, question_ids
 
 
-def gsm8k_questions(file: Path = GSM8K_TEST, limit: int = 10) -> list[str]:
-    """The first `limit` GSM8K test questions (bare; `question_ids` puts them in each model's format)."""
+def gsm8k_questions(file: Path | None = None, limit: int = 10) -> list[str]:
+    """The first `limit` GSM8K test questions (bare; `question_ids` puts them in each model's format), from the
+    shared test split, else from the bundled sample (its first 20 questions) when the repository stands alone."""
+    file = file or (GSM8K_TEST if GSM8K_TEST.is_file() else SAMPLE)
     return [json.loads(line)["question"] for line in Path(file).read_text().splitlines()[:limit]]
 
 
