@@ -12,7 +12,8 @@ share position ids with the tokens they predict, in one forward pass:
 * Drafter (``--format drafter``): SmolLM2-135M-Instruct stays the AR verifier; a LoRA on every
   projection plus a learned MASK embedding, applied to proposal rows only, learn to imitate the base
   model's own next-token distributions (KL) at the positions of ``[last token, MASK x (B - 1)]`` blocks
-  placed at random in the answers of GSM8K train questions (chat template).
+  placed at random in the answers of GSM8K train questions (chat template): the reference answers, or
+  with ``--base-answers N`` the base model's own greedy answers to N of them (see `base_answers`).
 * SetDLM format: the duplicate-mask construction with the left-to-right order and two MASK copies per
   position, ``[clean | MASK | MASK]`` (3L rows): the first sees the clean tokens before its position (the
   AR conditional the verifier uses), the second only those more than k positions back, k ~ U{1..W}
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
+from .base_answers import generate_answers, train_questions
 from .bundled import gsm8k_texts, train_tokenizer, yarn_rope
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -66,6 +68,7 @@ class TrainConfig:
     blocks: int = 16  # drafter only: blocks of `block_size` rows per sequence and step
     base_dtype: str = "float32"  # drafter only: the frozen base (bfloat16 matmuls are ~7x slower on AVX2 CPUs)
     rope: str = "default"  # setdlm only: "yarn" uses the Nemotron format's RoPE (for --init from it)
+    base_answers: int = 0  # drafter only: train on the base's own greedy answers to this many GSM8K train questions
     init: str = ""  # a trained run folder (either format, same tokenizer) whose stack and head start this run
 
 
@@ -247,7 +250,8 @@ DRAFTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 def prepare_drafter(cfg: TrainConfig):
     """SmolLM2-135M-Instruct in `base_dtype` (frozen), a float32 LoRA and MASK embedding, and GSM8K train
-    examples in its chat template with the position where each answer starts."""
+    examples in its chat template with the position where each answer starts: the reference answers, or
+    with `base_answers` the base model's own greedy ones (made once into OUT/base_answers.jsonl)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -256,13 +260,18 @@ def prepare_drafter(cfg: TrainConfig):
     folder = smollm2.base_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.base_dtype))
+    if cfg.base_answers:
+        rows = generate_answers(base.eval(), tokenizer, train_questions(Path(cfg.data), cfg.base_answers),
+                                Path(cfg.out) / "base_answers.jsonl")
+    else:
+        rows = [json.loads(line) for line in Path(cfg.data).read_text().splitlines() if line.strip()]
     torch.manual_seed(cfg.seed)
     model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0,
                                             target_modules=DRAFTER_TARGETS))
     embedding = smollm2.MaskEmbedding(base.config.hidden_size)
     smollm2.attach_drafter(model, cfg.block_size, embedding)
     examples = []
-    for row in (json.loads(line) for line in Path(cfg.data).read_text().splitlines() if line.strip()):
+    for row in rows:
         chat = [{"role": "user", "content": row["question"]}]
         prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         full = tokenizer.apply_chat_template(chat + [{"role": "assistant", "content": row["answer"]}], tokenize=False)

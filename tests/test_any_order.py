@@ -50,10 +50,10 @@ def ltr_reference(model, prompt: list[int], length: int, eos: frozenset[int] = f
     return out
 
 
-def decode(model, mode, prompt, length, width, order="ltr", eos=(), stop=None, trace=None, **kw):
+def decode(model, mode, prompt, length, width, order="ltr", eos=(), stop=None, trace=None, static=False, **kw):
     """Run the any-order runner directly; `trace` collects (plan, call, accepted) per call."""
     schedule = WINDOW_SCHEDULES[mode](width, Greedy(), order, **kw)
-    layout, forward = SetDLMLayout(MASK), model_forward(model)
+    layout, forward = SetDLMLayout(MASK, static_shapes=static), model_forward(model)
     if trace is not None:
         build, advance, call_model = layout.build, schedule.advance, forward
         layout.build = lambda plan, *a: trace.append({"plan": plan, "call": build(plan, *a)}) or trace[-1]["call"]
@@ -161,7 +161,7 @@ def test_rows_per_call_match_appendix_d3(setdlms):
                        ("quadratic_ss", lambda p, u: p + 2 * u + u * u)):
         for order in ("ltr", "confidence"):
             trace: list[dict] = []
-            decode(model, mode, prompt, 40, 8, order=order, trace=trace)
+            decode(model, mode, prompt, 40, 8, order=order, trace=trace, static=True)
             calls = [(len(s["plan"].order), s["call"].cache_rows_before_draft, s["call"].rows) for s in trace]
             if mode == "linear_ss":  # drafting call (p + u) and verification call (2u) make one iteration
                 calls = [(u, p, r1 + r2) for (u, p, r1), (_, _, r2) in zip(calls[::2], calls[1::2], strict=True)]
@@ -169,6 +169,28 @@ def test_rows_per_call_match_appendix_d3(setdlms):
             for u, p, total in calls[1:]:
                 assert p in (0, 1) and total == rows(p, u), (mode, order, u, p, total)
             assert max(u for u, _, _ in calls) == 8
+
+
+@pytest.mark.parametrize("order", ["ltr", "confidence"])
+@pytest.mark.parametrize("mode", ["packed_ss", "quadratic_ss"])
+def test_rows_that_cannot_matter_are_dropped_exactly(setdlms, mode, order):
+    """By default a call has O rows only for drafted ranks and M rows only up to the first undrafted rank
+    (kappa + 1); with static shapes it has all of appendix D.3's. Both decode the same tokens with the
+    same acceptances, and the lean form is smaller whenever the window has undrafted positions."""
+    model = setdlms[1]
+    runs = {}
+    for static in (False, True):
+        trace: list[dict] = []
+        out, stats = decode(model, mode, [5, 9, 2, 7], 40, 8, order=order, trace=trace, static=static)
+        runs[static] = out, stats.accepted_per_iteration, trace
+    assert runs[False][:2] == runs[True][:2]
+    lean = runs[False][2]
+    for step in lean[1:]:
+        plan, call = step["plan"], step["call"]
+        u, p, kappa = len(plan.order), call.cache_rows_before_draft, plan.available
+        drafted = sum(d is not None for d in plan.draft)
+        assert call.rows == p + drafted + min(kappa + 1, u) + len(plan.regions) * u
+    assert sum(s["call"].rows for s in lean) < sum(s["call"].rows for s in runs[True][2])
 
 
 @pytest.mark.parametrize("mode", ["ar", *SPECULATIVE])

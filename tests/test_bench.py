@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_packed_ss.bench.command import encode
 from hf_packed_ss.bench.grading import (
     gsm8k_correct,
     gsm8k_prediction,
@@ -19,7 +20,7 @@ from hf_packed_ss.bench.measure import run_interleaved
 from hf_packed_ss.bench.probe import expected_tokens, fit, formula_predictions, rows_per_iteration
 from hf_packed_ss.bench.record import Record
 from hf_packed_ss.bench.statistics import aggregate, paired_intervals, per_prompt_totals, rotation
-from hf_packed_ss.bench.suites import SAMPLE, Prompt, load_suite
+from hf_packed_ss.bench.suites import SAMPLE, Prompt, gsm8k_shots, load_suite, question_ids
 from hf_packed_ss.cli import main as cli_main
 
 # ---------------------------------------------------------------- interleaving
@@ -189,6 +190,27 @@ def test_suites(tmp_path):
     with pytest.raises(SystemExit, match="Unknown --suite"):
         load_suite("mmlu")
     assert load_suite("gsm8k", data=str(SAMPLE), limit=3)[2].id == "gsm8k/2"  # --data replaces the shared file
+
+
+def test_gsm8k_questions_in_a_chat_template_follow_worked_examples():
+    from transformers import AutoTokenizer
+
+    from hf_packed_ss import bundled
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled.path("smollm2-135m-drafter"))
+    question = load_suite("sample", limit=1)[0]
+    text = tokenizer.decode(question_ids(tokenizer, question.question)[0])
+    shots = gsm8k_shots()
+    assert len(shots) == 4 and all("<<" not in answer and "####" in answer for _, answer in shots)
+    where = [text.index(q) for q, _ in shots] + [text.index(question.question)]
+    assert where == sorted(where) and text.endswith("<|im_start|>assistant\n")
+    assert shots[0][0] not in tokenizer.decode(question_ids(tokenizer, question.question, shots=0)[0])
+    # the bench encodes a GSM8K prompt the same way, and a prompt without a GSM8K grader without examples
+    assert torch.equal(encode(tokenizer, question, None), question_ids(tokenizer, question.question))
+    plain = Prompt("x/0", "Write a haiku.", None, {}, "Write a haiku.")
+    assert shots[0][0] not in tokenizer.decode(encode(tokenizer, plain, None)[0])
+    with pytest.raises(ValueError, match="at most 4"):
+        gsm8k_shots(5)
 
 
 def test_humaneval_suite_comes_from_the_package():

