@@ -209,8 +209,9 @@ def test_gsm8k_questions_in_a_chat_template_follow_worked_examples():
     assert torch.equal(encode(tokenizer, question, None), question_ids(tokenizer, question.question))
     plain = Prompt("x/0", "Write a haiku.", None, {}, "Write a haiku.")
     assert shots[0][0] not in tokenizer.decode(encode(tokenizer, plain, None)[0])
-    with pytest.raises(ValueError, match="at most 4"):
-        gsm8k_shots(5)
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match="shots must be 0 to 4"):
+            gsm8k_shots(bad)
 
 
 def test_humaneval_suite_comes_from_the_package():

@@ -37,7 +37,7 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="put each prompt in the tokenizer's chat template (default: when the tokenizer has one; "
                         "GSM8K questions then follow --shots worked examples)")
-    p.add_argument("--shots", type=int, default=CHAT_SHOTS,
+    p.add_argument("--shots", type=int, default=CHAT_SHOTS, choices=range(5), metavar="K",
                    help="worked GSM8K train examples before each GSM8K question in a chat template (0 to 4)")
     p.add_argument("--schedules", nargs="+", default=None, choices=MODES + list(PEERS), metavar="SCHEDULE",
                    help=f"from {MODES + list(PEERS)} (default: ar linear_ss quadratic_ss packed_ss stock "

@@ -57,8 +57,8 @@ def gsm8k_shots(k: int = CHAT_SHOTS) -> list[tuple[str, str]]:
     """The first `k` (<= 4) GSM8K train examples as (question, answer), the calculator annotations `<<a*b=c>>`
     removed: GSM8K's tool markup, which a small chat model copies badly."""
     rows = _read_jsonl(SHOTS)
-    if k > len(rows):
-        raise ValueError(f"at most {len(rows)} worked examples ship with hf_packed_ss; got {k}.")
+    if not 0 <= k <= len(rows):
+        raise ValueError(f"shots must be 0 to {len(rows)} (the worked examples shipped with hf_packed_ss); got {k}.")
     return [(r["question"], re.sub(r"<<[^>]*>>", "", r["answer"])) for r in rows[:k]]
 
 
