@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .bench.suites import CHAT_SHOTS, chat_ids, gsm8k_shots
+from .bench.suites import CHAT_SHOTS, question_ids
 
 BATCH = 16
 
@@ -24,11 +24,10 @@ def generate_answers(model, tokenizer, questions: list[str], out: Path, max_new_
     out = Path(out)
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
     todo = questions[len(done):]
-    shots = gsm8k_shots(CHAT_SHOTS)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for i in range(0, len(todo), BATCH):
         chunk = todo[i : i + BATCH]
-        prompts = [chat_ids(tokenizer, q, shots)[0] for q in chunk]
+        prompts = [question_ids(tokenizer, q)[0] for q in chunk]  # exactly the benchmark's prompt
         width = max(p.numel() for p in prompts)
         ids = torch.stack([torch.cat([torch.full((width - p.numel(),), pad), p]) for p in prompts])
         mask = torch.stack([torch.arange(width) >= width - p.numel() for p in prompts]).long()

@@ -22,7 +22,7 @@ from . import report
 from .grading import grade
 from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
 from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
-from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, gsm8k_shots, load_suite
+from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, load_suite, question_ids
 
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 BASELINE = "linear_ss"
@@ -98,9 +98,9 @@ def encode(tokenizer, prompt: Prompt, chat: bool | None, shots: int = CHAT_SHOTS
         raise SystemExit("--chat: this tokenizer has no chat template.")
     if chat is False or not has_template:
         return tokenizer(prompt.text, return_tensors="pt").input_ids
-    if prompt.question is None:
-        return chat_ids(tokenizer, prompt.text)
-    return chat_ids(tokenizer, prompt.question, gsm8k_shots(shots) if prompt.grader == "gsm8k" else ())
+    if prompt.grader == "gsm8k" and prompt.question is not None:
+        return question_ids(tokenizer, prompt.question, shots)
+    return chat_ids(tokenizer, prompt.question or prompt.text)
 
 
 def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
