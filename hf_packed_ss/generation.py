@@ -91,7 +91,7 @@ def model_forward(model: torch.nn.Module) -> Forward:
     cache_kw = cache_keyword(model)
 
     def forward(call, cache):
-        with proposal_rows(model, call.proposal_mask[None]):
+        with proposal_rows(model, call.proposal_start):
             out = model(
                 input_ids=call.input_ids,
                 position_ids=call.position_ids,

@@ -1,12 +1,11 @@
 """Proposal-only LoRA: an adapter (PEFT) that shapes the diffusion drafter without touching the
 verifier, so decoding stays exact (paper appendix F.2).
 
-While `proposal_only_adapters(model)` is active, every LoRA layer's update is multiplied by a row
-mask that is True only on proposal rows of the current packed call (`proposal_rows`); verifier rows,
-and any call outside `proposal_rows`, see the base model. As in the paper, the update is *computed*
-for every input row and *applied* to proposal rows only: a packed call of 2B rows pays the adapter's
-FLOPs on all 2B rows (Linear-SS pays them only in its drafting call). Outside the context the model
-behaves as PEFT made it (adapter on every row).
+While `proposal_only_adapters(model)` is active, every LoRA layer adds its update to the proposal rows
+of the current packed call only (`proposal_rows`); verifier rows, and any call outside `proposal_rows`,
+see the base model. Every layout puts its proposal rows last, so the update is computed on that tail
+alone: a call without proposal rows (AR, stock `generate`, prompt lookup) runs the base layers and pays
+nothing for the adapter. Outside the context the model behaves as PEFT made it (adapter on every row).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -26,15 +26,28 @@ def _lora_layers(model: nn.Module) -> list[nn.Module]:
 
 
 class _RowGate:
-    """Holds the current row mask; multiplies a LoRA branch's output by it."""
+    """Where the current call's proposal rows start (None: no row gets the update)."""
 
     def __init__(self):
-        self.rows: torch.Tensor | None = None  # (batch, seq) bool; None = no row gets the update
+        self.start: int | None = None
 
-    def __call__(self, module, inputs, output):
-        if self.rows is None or self.rows.shape[-1] != output.shape[-2]:
-            return output * 0
-        return output * self.rows[..., None].to(output.dtype)
+    def linear_forward(self, layer: nn.Module):
+        """A PEFT LoRA `Linear.forward` that adds the update to rows `start:` only."""
+
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            result = layer.base_layer(x, *args, **kwargs)
+            start = self.start
+            if start is None or start >= x.shape[-2] or layer.disable_adapters:
+                return result
+            tail, out = x[..., start:, :], result[..., start:, :]
+            for name in layer.active_adapters:
+                if name in layer.lora_A:  # functional calls: this runs for every projection of every layer
+                    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+                    h = layer.lora_dropout[name](tail) if layer.training else tail
+                    out = out.add(F.linear(F.linear(h.to(a.dtype), a), b).to(out.dtype), alpha=layer.scaling[name])
+            return torch.cat([result[..., :start, :], out], dim=-2)
+
+        return forward
 
 
 class _MaskEmbeddingGate:
@@ -44,10 +57,10 @@ class _MaskEmbeddingGate:
         self.embedding, self.gate = embedding, gate
 
     def __call__(self, module, inputs, output):
-        rows, ids = self.gate.rows, inputs[0]
-        if rows is None or rows.shape[-1] != ids.shape[-1]:
+        start, ids = self.gate.start, inputs[0]
+        if start is None or start >= ids.shape[-1]:
             return output
-        where = (ids == self.embedding.token_id) & rows
+        where = (ids == self.embedding.token_id) & (torch.arange(ids.shape[-1], device=ids.device) >= start)
         return output + where[..., None].to(output.dtype) * self.embedding.delta.to(output.dtype)
 
 
@@ -60,18 +73,26 @@ def install_gate(model: nn.Module):
     mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
     if (not layers and mask_embedding is None) or getattr(model, "_hf_packed_ss_gate", None) is not None:
         return None
-    if any(any(getattr(m, "use_dora", {}).values()) for m in layers):
-        raise ValueError("DoRA adapters cannot be restricted to proposal rows; use a plain LoRA adapter.")
+    for m in layers:
+        from peft.tuners.lora import Linear
+
+        if not isinstance(m, Linear) or getattr(m, "lora_variant", None) or any(getattr(m, "use_dora", {}).values()):
+            raise ValueError(f"{type(m).__name__} LoRA layers cannot be restricted to proposal rows; use a plain "
+                             "LoRA adapter on linear layers (no DoRA or other variants).")
+        if m.merged:
+            raise ValueError("A merged LoRA adapter changes the verifier; call unmerge_adapter() before decoding.")
     gate = _RowGate()
-    handles = [b.register_forward_hook(gate) for m in layers for b in m.lora_B.values()]
-    handles += [e.register_forward_hook(gate) for m in layers for e in getattr(m, "lora_embedding_B", {}).values()
-                if isinstance(e, nn.Module)]
+    for m in layers:
+        m.forward = gate.linear_forward(m)  # instance attribute: shadows PEFT's forward until removed
+    handles = []
     if mask_embedding is not None:
         hook = _MaskEmbeddingGate(mask_embedding, gate)
         handles.append(model.get_input_embeddings().register_forward_hook(hook))
     model._hf_packed_ss_gate = gate
 
     def remove() -> None:
+        for m in layers:
+            del m.forward
         for h in handles:
             h.remove()
         del model._hf_packed_ss_gate
@@ -91,14 +112,14 @@ def proposal_only_adapters(model: nn.Module):
 
 
 @contextmanager
-def proposal_rows(model: nn.Module, rows: torch.Tensor):
-    """Mark `rows` (`(batch, seq)` bool) as the proposal rows of the next forward."""
+def proposal_rows(model: nn.Module, start: int):
+    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward."""
     gate = getattr(model, "_hf_packed_ss_gate", None)
     if gate is None:
         yield
         return
-    gate.rows = rows
+    gate.start = start
     try:
         yield
     finally:
-        gate.rows = None
+        gate.start = None

@@ -183,9 +183,7 @@ def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tupl
     teacher_rows = (anchors[:, None] + offsets[:-1]).reshape(-1)  # AR row j scores j + 1
     student_rows = n + (torch.arange(k)[:, None] * b + offsets[1:]).reshape(-1)
     keep = torch.cat([teacher_rows, student_rows])
-    proposal = torch.zeros(1, rows, dtype=torch.bool)
-    proposal[0, n:] = True
-    with proposal_rows(inner, proposal):
+    with proposal_rows(inner, n):  # the blocks follow the sequence
         logits = inner(input_ids=torch.cat([x[0], block_ids.reshape(-1)])[None],
                        position_ids=torch.cat([pos, block_pos])[None], attention_mask=mask[None, None],
                        logits_to_keep=keep).logits[0].float()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import reference_greedy, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -9,7 +10,7 @@ from transformers import DynamicCache
 
 from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.lora import proposal_only_adapters
+from hf_packed_ss.lora import proposal_only_adapters, proposal_rows
 from hf_packed_ss.schedules import SCHEDULES
 
 PROMPT = torch.tensor([[5, 9, 2, 7, 1]])
@@ -63,3 +64,32 @@ def test_load_adapter_from_a_subfolder(tmp_path):
     reloaded = PeftModel.from_pretrained(tiny_model(6), str(tmp_path / "linear_spec_lora"))
     out = reloaded.generate(input_ids=PROMPT, assistant_mode="quadratic_ss", speculative_width=3, max_new_tokens=20)
     assert out[0, PROMPT.shape[1]:].tolist() == expected
+
+
+def test_calls_without_proposal_rows_never_compute_the_adapter():
+    """A NaN adapter leaves a call without proposal rows (AR, stock generate) untouched only if the
+    update is never computed there: multiplying it by a zero row mask would give NaN, and would cost
+    the baselines the adapter's time."""
+    peft_model, _ = _with_adapter()
+    inner = peft_model.base_model.model
+    for module in inner.modules():
+        if hasattr(module, "lora_A"):
+            for a in module.lora_A.values():
+                a.weight.data.fill_(float("nan"))
+    with torch.no_grad(), peft_model.disable_adapter():
+        base = inner(PROMPT).logits
+    with torch.no_grad(), proposal_only_adapters(inner):
+        plain = inner(PROMPT).logits
+        with proposal_rows(inner, PROMPT.shape[1]):  # a call whose proposal rows are all past its end
+            no_proposals = inner(PROMPT).logits
+        with proposal_rows(inner, 3):
+            packed = inner(PROMPT).logits
+    assert torch.equal(plain, base) and torch.equal(no_proposals, base)
+    assert packed[:, 3:].isnan().all()
+
+
+def test_a_merged_adapter_is_refused():
+    peft_model, _ = _with_adapter()
+    peft_model.merge_adapter()  # the update now sits in the base weights, so verifier rows would see it
+    with pytest.raises(ValueError, match="unmerge_adapter"):
+        peft_model.generate(input_ids=PROMPT, assistant_mode="packed_ss", speculative_width=4, max_new_tokens=4)

@@ -53,8 +53,8 @@ class PackedCall:
         verifier_rows: slice of the kept logits holding the verifier predictions (or None).
         proposal_rows: one slice of the kept logits per proposal.
         cache_rows_before_draft: verifier rows that enter the cache even when no draft token is accepted.
-        proposal_mask (`torch.BoolTensor` of shape `(q,)`): rows of proposal blocks (where a
-            proposal-only adapter applies).
+        proposal_start: rows from this one on are proposal rows (where a proposal-only adapter
+            applies); every layout puts its proposal rows last. Equals `rows` when there are none.
     """
 
     input_ids: torch.Tensor
@@ -64,7 +64,7 @@ class PackedCall:
     verifier_rows: slice | None
     proposal_rows: list[slice]
     cache_rows_before_draft: int
-    proposal_mask: torch.Tensor
+    proposal_start: int
 
     @property
     def rows(self) -> int:
@@ -118,7 +118,7 @@ class NemotronLayout:
             n_kept += p.length
         input_ids = torch.cat(pieces)[None]
         first = cache_len if plan.verify else n - 1  # position of row 0; P's last token sits at n - 1
-        positions, new_mask, proposal_mask = _template(plan.verify, t, slots, plan.proposals, n - 1 - first, device)
+        positions, new_mask = _template(plan.verify, t, slots, plan.proposals, n - 1 - first, device)
         q = input_ids.shape[1]
         mask = torch.cat([torch.ones(q, cache_len, dtype=torch.bool, device=device), new_mask], dim=1)
         return PackedCall(
@@ -129,15 +129,15 @@ class NemotronLayout:
             verifier_rows=verifier_rows,
             proposal_rows=proposal_rows,
             cache_rows_before_draft=t,
-            proposal_mask=proposal_mask,
+            proposal_start=t + slots,
         )
 
 
 @lru_cache(maxsize=256)
 def _template(verify: bool, t: int, slots: int, proposals: tuple, last: int, device: torch.device):
-    """Relative positions, the new-rows part of the mask and the proposal-row mask, built once per
-    call shape and device (regular calls of a schedule all share one). `last` is the relative
-    position of P's last token. Returns (positions, (q, q) bool mask, (q,) proposal-row mask)."""
+    """Relative positions and the new-rows part of the mask, built once per call shape and device
+    (regular calls of a schedule all share one). `last` is the relative position of P's last token.
+    Returns (positions, (q, q) bool mask)."""
     pos, group, limit = [], [], []
     if verify:
         for i in range(t + slots):
@@ -155,4 +155,4 @@ def _template(verify: bool, t: int, slots: int, proposals: tuple, last: int, dev
     pos_t, group_t, limit_t = (torch.tensor(x, device=device) for x in (pos, group, limit))
     sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
     same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
-    return pos_t, sees_verifier | same_block, group_t >= 0
+    return pos_t, sees_verifier | same_block

@@ -61,7 +61,7 @@ class SetDLMLayout:
         o_ranks = tuple(r for r, d in enumerate(draft) if self.static_shapes or d is not None)
         m = (u if self.static_shapes else min(plan.available + 1, u)) if plan.verify else 0
         drafted = tuple(draft[r] is not None for r in o_ranks)
-        new, proposal_mask = _template(p, u, o_ranks, drafted, m, plan.regions, device)
+        new = _template(p, u, o_ranks, drafted, m, plan.regions, device)
         ids = [self.mask_token_id if draft[r] is None else draft[r] for r in o_ranks]
         ids += [self.mask_token_id] * (m + u * len(plan.regions))
         ranks = list(o_ranks) + list(range(m)) + list(range(u)) * len(plan.regions)
@@ -78,16 +78,16 @@ class SetDLMLayout:
             verifier_rows=slice(0, m) if plan.verify else None,
             proposal_rows=[slice(m + g * u, m + (g + 1) * u) for g in range(len(plan.regions))],
             cache_rows_before_draft=p,
-            proposal_mask=proposal_mask,
+            proposal_start=first_logit + m,
         )
 
 
 @lru_cache(maxsize=1024)
 def _template(p: int, u: int, o_ranks: tuple[int, ...], drafted: tuple[bool, ...], m: int, regions: tuple[int, ...],
               device: torch.device):
-    """The new-rows mask and the proposal-row mask for one call shape (few shapes recur: p in {0, 1},
+    """The new-rows mask for one call shape (few shapes recur: p in {0, 1},
     a full window, drafts on a prefix of the ranks). `o_ranks` are the ranks with an O row (`drafted`:
-    whether it holds a draft token), `m` the number of M rows. Returns ((q, q) bool, (q,) bool)."""
+    whether it holds a draft token), `m` the number of M rows. Returns a (q, q) bool mask."""
     # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
     kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
     groups = [(ROW_O, list(o_ranks), list(o_ranks), list(drafted)),
@@ -103,4 +103,4 @@ def _template(p: int, u: int, o_ranks: tuple[int, ...], drafted: tuple[bool, ...
     sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
     sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
     new = sees_n | sees_o | torch.eye(len(kind), dtype=torch.bool)
-    return new.to(device), (kind_t == ROW_R).to(device)
+    return new.to(device)
