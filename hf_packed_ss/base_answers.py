@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .bench.suites import CHAT_SHOTS, question_ids
+from .bench.suites import CHAT_SHOTS, question_ids, read_jsonl
 
 BATCH = 16
 
@@ -22,7 +22,7 @@ def generate_answers(model, tokenizer, questions: list[str], out: Path, max_new_
                      log=print) -> list[dict]:
     """Answer `questions` in batches of 16 (left padding) into `out`, skipping those already there."""
     out = Path(out)
-    done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    done = read_jsonl(out) if out.is_file() else []
     todo = questions[len(done):]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for i in range(0, len(todo), BATCH):
@@ -39,10 +39,9 @@ def generate_answers(model, tokenizer, questions: list[str], out: Path, max_new_
                 row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
                 f.write(json.dumps({"question": question, "answer": tokenizer.decode(row)}) + "\n")
         log(f"base answers: {len(done) + i + len(chunk)}/{len(questions)}")
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return read_jsonl(out)
 
 
 def train_questions(file: Path, n: int) -> list[str]:
     """`n` GSM8K train questions after the worked examples (which come from the head of the split)."""
-    rows = [json.loads(line) for line in Path(file).read_text().splitlines() if line.strip()]
-    return [r["question"] for r in rows[CHAT_SHOTS : CHAT_SHOTS + n]]
+    return [r["question"] for r in read_jsonl(Path(file))[CHAT_SHOTS : CHAT_SHOTS + n]]

@@ -39,13 +39,14 @@ class _RowGate:
             start = self.start
             if start is None or start >= x.shape[-2] or layer.disable_adapters:
                 return result
-            tail, out = x[..., start:, :], result[..., start:, :]
+            tail = x[..., start:, :].reshape(-1, x.shape[-1])  # rows as one matrix: a view at batch size 1
+            out = result[..., start:, :]
             for name in layer.active_adapters:
                 if name in layer.lora_A:  # functional calls: this runs for every projection of every layer
                     a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
                     h = layer.lora_dropout[name](tail) if layer.training else tail
-                    out = out.add(F.linear(F.linear(h.to(a.dtype), a), b).to(out.dtype), alpha=layer.scaling[name])
-            return torch.cat([result[..., :start, :], out], dim=-2)
+                    out.add_(F.linear(F.linear(h.to(a.dtype), a), b).view(out.shape), alpha=layer.scaling[name])
+            return result
 
         return forward
 

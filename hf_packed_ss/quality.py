@@ -7,20 +7,19 @@ Speed (wall time) is the benchmark's job; this module counts calls and tokens on
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from .bench.suites import GSM8K_TEST, SAMPLE, question_ids
+from .bench.suites import GSM8K_TEST, SAMPLE, question_ids, read_jsonl
 
 
 def gsm8k_questions(file: Path | None = None, limit: int = 10) -> list[str]:
     """The first `limit` GSM8K test questions (bare; `question_ids` puts them in each model's format), from the
     shared test split, else from the bundled sample (its first 20 questions) when the repository stands alone."""
     file = file or (GSM8K_TEST if GSM8K_TEST.is_file() else SAMPLE)
-    return [json.loads(line)["question"] for line in Path(file).read_text().splitlines()[:limit]]
+    return [row["question"] for row in read_jsonl(Path(file))[:limit]]
 
 
 def max_ngram_repeats(tokens: list[int], n: int = 6) -> int:

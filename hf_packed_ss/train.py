@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from .base_answers import generate_answers, train_questions
+from .bench.suites import read_jsonl
 from .bundled import gsm8k_texts, train_tokenizer, yarn_rope
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -262,7 +263,7 @@ def prepare_drafter(cfg: TrainConfig):
         rows = generate_answers(base.eval(), tokenizer, train_questions(Path(cfg.data), cfg.base_answers),
                                 Path(cfg.out) / "base_answers.jsonl")
     else:
-        rows = [json.loads(line) for line in Path(cfg.data).read_text().splitlines() if line.strip()]
+        rows = read_jsonl(Path(cfg.data))
     torch.manual_seed(cfg.seed)
     model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0,
                                             target_modules=DRAFTER_TARGETS))

@@ -56,7 +56,7 @@ def chat_ids(tokenizer, message: str, shots: list[tuple[str, str]] = ()) -> torc
 def gsm8k_shots(k: int = CHAT_SHOTS) -> list[tuple[str, str]]:
     """The first `k` (<= 4) GSM8K train examples as (question, answer), the calculator annotations `<<a*b=c>>`
     removed: GSM8K's tool markup, which a small chat model copies badly."""
-    rows = _read_jsonl(SHOTS)
+    rows = read_jsonl(SHOTS)
     if not 0 <= k <= len(rows):
         raise ValueError(f"shots must be 0 to {len(rows)} (the worked examples shipped with hf_packed_ss); got {k}.")
     return [(r["question"], re.sub(r"<<[^>]*>>", "", r["answer"])) for r in rows[:k]]
@@ -71,7 +71,8 @@ def question_ids(tokenizer, question: str, shots: int = CHAT_SHOTS) -> torch.Ten
     return tokenizer(gsm8k_prompt(question), return_tensors="pt").input_ids
 
 
-def _read_jsonl(file: Path) -> list[dict]:
+def read_jsonl(file: Path) -> list[dict]:
+    """The rows of a JSON-lines file (gzipped when it ends in .gz), blank lines skipped."""
     opener = gzip.open if file.suffix == ".gz" else open
     with opener(file, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -79,7 +80,7 @@ def _read_jsonl(file: Path) -> list[dict]:
 
 def _gsm8k(file: Path, name: str) -> list[Prompt]:
     return [Prompt(f"{name}/{i}", gsm8k_prompt(r["question"]), "gsm8k", {"answer": r["answer"]}, r["question"])
-            for i, r in enumerate(_read_jsonl(file))]
+            for i, r in enumerate(read_jsonl(file))]
 
 
 def gsm8k_file(data: str | None) -> Path:
@@ -106,13 +107,13 @@ def humaneval_file() -> Path:
 
 
 def _humaneval(file: Path) -> list[Prompt]:
-    return [Prompt(r["task_id"], r["prompt"], "humaneval", r) for r in _read_jsonl(file)]
+    return [Prompt(r["task_id"], r["prompt"], "humaneval", r) for r in read_jsonl(file)]
 
 
 def _jsonl(file: Path, field_name: str) -> list[Prompt]:
     """Rows need `field_name`; a row whose `answer` holds a GSM8K-style `#### n` is graded as GSM8K."""
     prompts = []
-    for i, row in enumerate(_read_jsonl(file)):
+    for i, row in enumerate(read_jsonl(file)):
         if field_name not in row:
             raise SystemExit(f"{file}: line {i + 1} has no {field_name!r} field (see --prompt-field).")
         answer = row.get("answer")
