@@ -44,14 +44,15 @@ def process(processors, result: CallResult, plan: WindowPlan, prompt: torch.Tens
         drafts = {j: d for j, d in zip(plan.order[:before_rank], plan.draft or (), strict=False) if d is not None}
         return {**accepted, **drafts}
 
-    def rows(logits: torch.Tensor, before: Callable[[int], int]) -> torch.Tensor:
+    def rows(logits: torch.Tensor, ranks: Iterable[int], before: Callable[[int], int]) -> torch.Tensor:
         return torch.cat([
-            processors(_context(prompt, known(before(r)), j)[None], logits[r : r + 1])
-            for r, j in enumerate(plan.order[: logits.shape[0]])
-        ])
+            processors(_context(prompt, known(before(r)), plan.order[r])[None], logits[i : i + 1])
+            for i, r in zip(range(logits.shape[0]), ranks)
+        ]) if logits.shape[0] else logits
 
-    verifier = None if result.verifier is None else rows(result.verifier, lambda r: r)
-    proposals = [rows(logits, lambda r, b=b: b) for b, logits in zip(plan.regions, result.proposals, strict=True)]
+    verifier = None if result.verifier is None else rows(result.verifier, range(len(plan.order)), lambda r: r)
+    proposals = [rows(logits, plan.region_ranks(b), lambda r, b=b: b)
+                 for b, logits in zip(plan.regions, result.proposals, strict=True)]
     return CallResult(verifier=verifier, proposals=proposals)
 
 

@@ -76,14 +76,20 @@ class WindowPlan:
         draft: the stored draft token at each rank (None where a position has none), or None for a
             call without old-draft rows (AR, drafting-only and native calls).
         verify: whether the call has one verifier query per rank.
-        regions: proposal regions; region ``b`` drafts every rank from P_{t-1} plus the draft tokens
-            at ranks ``< b`` (Packed-SS and Linear-SS: ``(0,)``; Quadratic-SS: ``0..u-1``).
+        regions: proposal regions; region ``b`` drafts the ranks ``region_ranks(b)`` from P_{t-1} plus
+            the draft tokens at ranks ``< b`` (Packed-SS and Linear-SS: ``(0,)``; Quadratic-SS: ``0..u-1``).
     """
 
     order: tuple[int, ...]
     draft: tuple[int | None, ...] | None = None
     verify: bool = True
     regions: tuple[int, ...] = ()
+
+    def region_ranks(self, b: int) -> range:
+        """The ranks whose region-``b`` proposals can become drafts. A verifying call resolves ranks
+        ``0..h`` (A_t = min(h + 1, u)) and its region ``b`` is read only when ``h >= b``, so rows for
+        ranks ``<= b`` could never be used; a call that only drafts needs every rank."""
+        return range(b + 1 if self.verify else 0, len(self.order))
 
     @property
     def available(self) -> int:

@@ -148,9 +148,10 @@ def test_confidence_scores_follow_appendix_e6(setdlms, mode):
                 top = probabilities(result.verifier).max(dim=-1).values
                 scores = {j: float(top[r]) for r, j in enumerate(plan.order)}
             else:
-                region = result.proposals[min(h, len(plan.regions) - 1)]
-                top = probabilities(region).max(dim=-1).values
-                scores = {j: float(top[r]) for r, j in enumerate(plan.order) if r >= len(pairs)}
+                g = min(h, len(plan.regions) - 1)
+                top = probabilities(result.proposals[g]).max(dim=-1).values
+                first = plan.regions[g] + 1  # a verifying call's region b holds ranks b + 1 .. u - 1
+                scores = {j: float(top[r - first]) for r, j in enumerate(plan.order) if r >= len(pairs)}
     assert checked > 3
 
 
@@ -174,9 +175,10 @@ def test_rows_per_call_match_appendix_d3(setdlms):
 @pytest.mark.parametrize("order", ["ltr", "confidence"])
 @pytest.mark.parametrize("mode", ["packed_ss", "quadratic_ss"])
 def test_rows_that_cannot_matter_are_dropped_exactly(setdlms, mode, order):
-    """By default a call has O rows only for drafted ranks and M rows only up to the first undrafted rank
-    (kappa + 1); with static shapes it has all of appendix D.3's. Both decode the same tokens with the
-    same acceptances, and the lean form is smaller whenever the window has undrafted positions."""
+    """By default a call has O rows only for drafted ranks, M rows only up to the first undrafted rank
+    (kappa + 1) and, in region b, R rows only for ranks b + 1 .. u - 1 (the call resolves ranks 0..b
+    whenever region b is read); with static shapes it has all of appendix D.3's. Both decode the same
+    tokens with the same acceptances, and the lean form is smaller."""
     model = setdlms[1]
     runs = {}
     for static in (False, True):
@@ -189,7 +191,7 @@ def test_rows_that_cannot_matter_are_dropped_exactly(setdlms, mode, order):
         plan, call = step["plan"], step["call"]
         u, p, kappa = len(plan.order), call.cache_rows_before_draft, plan.available
         drafted = sum(d is not None for d in plan.draft)
-        assert call.rows == p + drafted + min(kappa + 1, u) + len(plan.regions) * u
+        assert call.rows == p + drafted + min(kappa + 1, u) + sum(u - 1 - b for b in plan.regions)
     assert sum(s["call"].rows for s in lean) < sum(s["call"].rows for s in runs[True][2])
 
 

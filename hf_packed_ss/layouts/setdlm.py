@@ -23,6 +23,7 @@ window U = {1, 2} with drafts d1, d2, LTR order, Packed-SS (region 0)::
      5   MASK    7   0, 5                    R rank 0: position 1 given P
      6   MASK    8   0, 6                    R rank 1: position 2 given P
 
+By default row 5 is absent: this call resolves rank 0 itself (`WindowPlan.region_ranks`).
 After h accepted draft tokens the cache keeps rows 0..h; M and R rows never enter it.
 """
 
@@ -42,10 +43,11 @@ class SetDLMLayout:
     """Builds `PackedCall`s for same-position predictors (the logit at a MASK row scores its own position).
 
     By default a call holds only rows that can matter: O rows of ranks that hold a draft token (an O row
-    without one is a MASK no other row attends to) and M rows up to the first rank without a draft (no
-    verification reaches past it). Dropping the others is exact and saves rows whenever the window has
-    positions the previous call did not draft; ``static_shapes`` keeps all ``p + (2 + regions) u`` rows
-    of appendix D.3 (one shape per window size, for compiled graphs)."""
+    without one is a MASK no other row attends to), M rows up to the first rank without a draft (no
+    verification reaches past it) and R rows of the ranks in `WindowPlan.region_ranks` (a verifying call
+    resolves the others itself). Dropping the others is exact and saves rows; ``static_shapes`` keeps all
+    ``p + (2 + regions) u`` rows of appendix D.3 (one shape per window size, for compiled graphs) and
+    reads logits only where they can be used."""
 
     def __init__(self, mask_token_id: int, static_shapes: bool = False):
         self.mask_token_id = mask_token_id
@@ -61,38 +63,46 @@ class SetDLMLayout:
         o_ranks = tuple(r for r, d in enumerate(draft) if self.static_shapes or d is not None)
         m = (u if self.static_shapes else min(plan.available + 1, u)) if plan.verify else 0
         drafted = tuple(draft[r] is not None for r in o_ranks)
-        new = _template(p, u, o_ranks, drafted, m, plan.regions, device)
+        used = [plan.region_ranks(b) for b in plan.regions]  # R ranks whose logits are read, per region
+        rows = [range(u) if self.static_shapes else r for r in used]  # R ranks laid out, per region
+        regions = tuple((b, r.start) for b, r in zip(plan.regions, rows, strict=True))
+        new = _template(p, u, o_ranks, drafted, m, regions, device)
         ids = [self.mask_token_id if draft[r] is None else draft[r] for r in o_ranks]
-        ids += [self.mask_token_id] * (m + u * len(plan.regions))
-        ranks = list(o_ranks) + list(range(m)) + list(range(u)) * len(plan.regions)
+        ids += [self.mask_token_id] * (m + sum(map(len, rows)))
+        ranks = list(o_ranks) + list(range(m)) + [r for region in rows for r in region]
         positions = torch.tensor([plan.order[r] for r in ranks], dtype=torch.long, device=device) + origin
         q = new.shape[0]
         mask = torch.ones(q, cache_len + q, dtype=torch.bool, device=device)
         mask[:, cache_len:] = new
         first_logit = p + len(o_ranks)  # M and R rows follow N and O
+        kept, row, slices = list(range(first_logit, first_logit + m)), first_logit + m, []
+        for laid, read in zip(rows, used, strict=True):
+            kept += range(row + read.start - laid.start, row + len(laid))
+            slices.append(slice(len(kept) - len(read), len(kept)))
+            row += len(laid)
         return PackedCall(
             input_ids=torch.cat([pending, torch.tensor(ids, dtype=torch.long, device=device)])[None],
             position_ids=torch.cat([pending_positions, positions])[None],
             attention_mask=mask[None, None],
-            logit_rows=torch.arange(first_logit, q, device=device),
+            logit_rows=torch.tensor(kept, dtype=torch.long, device=device),
             verifier_rows=slice(0, m) if plan.verify else None,
-            proposal_rows=[slice(m + g * u, m + (g + 1) * u) for g in range(len(plan.regions))],
+            proposal_rows=slices,
             cache_rows_before_draft=p,
             proposal_start=first_logit + m,
         )
 
 
 @lru_cache(maxsize=1024)
-def _template(p: int, u: int, o_ranks: tuple[int, ...], drafted: tuple[bool, ...], m: int, regions: tuple[int, ...],
-              device: torch.device):
-    """The new-rows mask for one call shape (few shapes recur: p in {0, 1},
-    a full window, drafts on a prefix of the ranks). `o_ranks` are the ranks with an O row (`drafted`:
-    whether it holds a draft token), `m` the number of M rows. Returns a (q, q) bool mask."""
+def _template(p: int, u: int, o_ranks: tuple[int, ...], drafted: tuple[bool, ...], m: int,
+              regions: tuple[tuple[int, int], ...], device: torch.device):
+    """The new-rows mask for one call shape (few shapes recur: p in {0, 1}, a full window, drafts on a
+    prefix of the ranks). `o_ranks` are the ranks with an O row (`drafted`: whether it holds a draft
+    token), `m` the number of M rows, `regions` (b, first R rank laid out) pairs. Returns (q, q) bool."""
     # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
     kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
     groups = [(ROW_O, list(o_ranks), list(o_ranks), list(drafted)),
               (ROW_M, list(range(m)), list(range(m)), [False] * m)]
-    groups += [(ROW_R, list(range(u)), [b] * u, [False] * u) for b in regions]
+    groups += [(ROW_R, list(range(first, u)), [b] * (u - first), [False] * (u - first)) for b, first in regions]
     for k, ranks, bounds, drafts in groups:
         kind += [k] * len(ranks)
         rank += ranks

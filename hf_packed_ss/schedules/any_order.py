@@ -100,12 +100,14 @@ class WindowPackedSSSchedule(WindowSchedule):
         # Region b drafted from P_{t-1} plus the drafts at ranks < b: take the largest b <= h.
         g = max(i for i, b in enumerate(plan.regions) if b <= h)
         rest = list(range(len(accepted), len(plan.order)))
-        self._draft_from([plan.order[r] for r in rest], result.proposals[g][rest])
+        first = plan.region_ranks(plan.regions[g]).start  # row i of region g is rank first + i
+        self._draft_from([plan.order[r] for r in rest], result.proposals[g][[r - first for r in rest]])
         return accepted, h
 
 
 class WindowQuadraticSSSchedule(WindowPackedSSSchedule):
-    """One proposal region per acceptance count h = 0..u-1, following pi_t: p + 2u + u^2 rows."""
+    """One proposal region per acceptance count h = 0..u-1, following pi_t: p + 2u + u^2 rows in
+    appendix D.3's static form, p + 2u + u(u - 1) / 2 once the rows no acceptance can use are dropped."""
 
     name = "quadratic_ss"
 
