@@ -44,11 +44,14 @@ def process(processors, result: CallResult, plan: WindowPlan, prompt: torch.Tens
         drafts = {j: d for j, d in zip(plan.order[:before_rank], plan.draft or (), strict=False) if d is not None}
         return {**accepted, **drafts}
 
-    def rows(logits: torch.Tensor, ranks: Iterable[int], before: Callable[[int], int]) -> torch.Tensor:
+    def rows(logits: torch.Tensor, ranks: range, before: Callable[[int], int]) -> torch.Tensor:
+        """Row i holds rank ranks[i]; a region may have no rows at all."""
+        if not logits.shape[0]:
+            return logits
         return torch.cat([
             processors(_context(prompt, known(before(r)), plan.order[r])[None], logits[i : i + 1])
-            for i, r in zip(range(logits.shape[0]), ranks)
-        ]) if logits.shape[0] else logits
+            for i, r in enumerate(ranks[: logits.shape[0]])
+        ])
 
     verifier = None if result.verifier is None else rows(result.verifier, range(len(plan.order)), lambda r: r)
     proposals = [rows(logits, plan.region_ranks(b), lambda r, b=b: b)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Usage: [LIMIT=N] docs/results/run.sh NAME... -- benchmark trained bundled checkpoints (one at a time, nothing else running), then regenerate the README's
+# Usage: [LIMIT=N] [REPEATS=R] docs/results/run.sh NAME... -- benchmark trained bundled checkpoints (one at a time, nothing else running), then regenerate the README's
 # and the model cards' results blocks from the results.json files.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 for name in "$@"; do
-    hf-packed-ss bench --model "$name" --suite gsm8k --limit "${LIMIT:-10}" --max-new-tokens 128 --out "docs/results/$name" --no-progress
+    hf-packed-ss bench --model "$name" --suite gsm8k --limit "${LIMIT:-10}" --repeats "${REPEATS:-1}" --max-new-tokens 128 --out "docs/results/$name" --no-progress
     hf-packed-ss probe --results "docs/results/$name/results.json" --json "docs/results/$name/probe.json"
     python -m hf_packed_ss.bench.readme "docs/results/$name/results.json" --readme "model_cards/$name/README.md"
 done

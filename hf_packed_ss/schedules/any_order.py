@@ -35,6 +35,7 @@ class WindowSchedule:
         self.width = width
         self.acceptance = acceptance or Greedy()
         self.order = ORDERS[verify_order]
+        self.scores_order = verify_order != "ltr"  # LTR ignores scores: skip their softmax on every call
         self.draft: dict[int, int] = {}  # D_{t-1}: position -> token
         self.q: ProposalDistribution | None = None  # Q of the proposal call the draft came from
         self.q_row: dict[int, int] = {}  # position -> row of `q`
@@ -67,7 +68,7 @@ class WindowSchedule:
         tokens, q = self.acceptance.propose(logits)
         self.draft = dict(zip(positions, tokens.tolist(), strict=True))
         self.q, self.q_row = q, {j: i for i, j in enumerate(positions)}
-        if scored:  # E.6: the probability the drafter gave its token when proposing it
+        if scored and self.scores_order:  # E.6: the probability the drafter gave its token when proposing it
             self.score = dict(zip(positions, _confidence(tokens, q, logits).tolist(), strict=True))
 
 
@@ -139,8 +140,9 @@ class WindowLinearSSSchedule(WindowSchedule):
             self.pending_order = plan.order
             return None
         accepted, h = self._verify(plan, result)
-        top = probabilities(result.verifier).max(dim=-1).values.tolist()
-        self.score = dict(zip(plan.order, top, strict=True))
+        if self.scores_order:
+            top = probabilities(result.verifier).max(dim=-1).values.tolist()
+            self.score = dict(zip(plan.order, top, strict=True))
         self.draft, self.q, self.pending_order = {}, None, None
         return accepted, h
 
