@@ -74,10 +74,9 @@ def install_gate(model: nn.Module):
     mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
     if (not layers and mask_embedding is None) or getattr(model, "_hf_packed_ss_gate", None) is not None:
         return None
-    for m in layers:
-        from peft.tuners.lora import Linear
-
-        if not isinstance(m, Linear) or getattr(m, "lora_variant", None) or any(getattr(m, "use_dora", {}).values()):
+    for m in layers:  # LoRA on linear layers (plain or quantized bases), no DoRA or other variant
+        linear = all(isinstance(a, nn.Linear) for a in m.lora_A.values()) and not getattr(m, "lora_embedding_A", {})
+        if not linear or getattr(m, "lora_variant", None) or any(getattr(m, "use_dora", {}).values()):
             raise ValueError(f"{type(m).__name__} LoRA layers cannot be restricted to proposal rows; use a plain "
                              "LoRA adapter on linear layers (no DoRA or other variants).")
         if m.merged:

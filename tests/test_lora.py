@@ -93,3 +93,10 @@ def test_a_merged_adapter_is_refused():
     peft_model.merge_adapter()  # the update now sits in the base weights, so verifier rows would see it
     with pytest.raises(ValueError, match="unmerge_adapter"):
         peft_model.generate(input_ids=PROMPT, assistant_mode="packed_ss", speculative_width=4, max_new_tokens=4)
+
+
+def test_an_adapter_that_cannot_be_row_gated_is_refused():
+    base = tiny_model(6)
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"]))
+    with pytest.raises(ValueError, match="cannot be restricted to proposal rows"):
+        peft_model.generate(input_ids=PROMPT, assistant_mode="packed_ss", speculative_width=4, max_new_tokens=4)
