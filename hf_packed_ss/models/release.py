@@ -6,9 +6,12 @@ diffusion mode, so `enable` runs our decoders through a shared-weight twin of ou
 
 from __future__ import annotations
 
+import inspect
 import types
+import warnings
 
 import torch
+import transformers
 from torch import nn
 
 from ..generation import speculative_generate
@@ -31,10 +34,55 @@ def shared_weight_twin(model: nn.Module) -> NemotronLabsDiffusionModel:
     with torch.device("meta"):
         twin = NemotronLabsDiffusionModel(config)
     twin.load_state_dict(model.state_dict(keep_vars=True), assign=True, strict=True)
-    device = model.diffusion_head.weight.device
-    with torch.device(device):  # non-persistent rope buffers are not in the state dict
+    with torch.device(_rope_device(model)):  # non-persistent rope buffers are not in the state dict
         twin.encoder.rotary_emb = type(twin.encoder.rotary_emb)(config)
+    copy_dispatch_hooks(model, twin)
     return twin.eval()
+
+
+def copy_dispatch_hooks(model: nn.Module, twin: nn.Module) -> None:
+    """Give each module of `twin` a copy of the accelerate hook of the same-named module of `model`.
+
+    A model dispatched with `device_map` keeps offloaded parameters on the meta device and loads them
+    (from CPU memory or disk) in its hooks' `pre_forward`; the twin shares those meta tensors, so it
+    needs the same hooks, reading the same offloaded weights (`weights_map`), on its own modules."""
+    for name, module in model.named_modules():
+        hook = getattr(module, "_hf_hook", None)
+        if hook is not None:
+            from accelerate.hooks import add_hook_to_module
+
+            add_hook_to_module(twin.get_submodule(name), _fresh_hook(hook))
+
+
+def _fresh_hook(hook):
+    """A new hook with the same settings (hooks keep per-module state, so they are never shared)."""
+    from accelerate.hooks import AlignDevicesHook, SequentialHook
+
+    if isinstance(hook, SequentialHook):
+        return SequentialHook(*(_fresh_hook(h) for h in hook.hooks))
+    if type(hook) is AlignDevicesHook:
+        return AlignDevicesHook(
+            execution_device=hook.execution_device, offload=hook.offload, io_same_device=hook.io_same_device,
+            weights_map=hook.weights_map, offload_buffers=hook.offload_buffers,
+            place_submodules=hook.place_submodules, skip_keys=hook.skip_keys, tied_params_map=hook.tied_params_map,
+        )
+    raise ValueError(
+        f"enable() cannot run a model dispatched with an accelerate {type(hook).__name__}; load it with a "
+        "device_map (accelerate's AlignDevicesHook: GPU, CPU or disk offload) or without one."
+    )
+
+
+def _rope_device(model: nn.Module) -> torch.device:
+    """Where the rotary embedding runs: its buffers' device, else its dispatch hook's execution device."""
+    rope = getattr(model.encoder, "rotary_emb", None)
+    devices = [b.device for b in (rope.buffers() if rope is not None else ()) if b.device.type != "meta"]
+    if devices:
+        return devices[0]
+    for module in (rope, model.encoder, model):
+        device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    return model.diffusion_head.weight.device
 
 
 def attach_twin(model: nn.Module) -> nn.Module:
@@ -81,9 +129,60 @@ def enable(model: nn.Module) -> nn.Module:
 
 
 def disable(model: nn.Module) -> nn.Module:
-    """Undo `enable`: the model's own `generate` again."""
+    """Undo `enable`: the model's own `generate` again. Warns when the release's own decoders that this
+    hands back cannot run on the installed transformers (see `release_decoders_that_cannot_run`)."""
     if getattr(model, "stock_generate", None) is not None:
         model.generate = model.stock_generate
         del model.stock_generate
         model.__dict__.pop("_hf_packed_ss_twin", None)
+        broken = release_decoders_that_cannot_run(model)
+        if broken:
+            warnings.warn(
+                f"On the installed transformers {transformers.__version__}, the release's own decoders cannot run: "
+                + "; ".join(f"`{name}` {why}" for name, why in broken.items())
+                + ". hf_packed_ss's decoders are unaffected: keep `enable(model)` and call "
+                "generate(..., assistant_mode='ar' | 'linear_ss' | 'packed_ss' | ...), or install the transformers "
+                "version the release was written for to use its own decoders.",
+                UserWarning,
+                stacklevel=2,
+            )
     return model
+
+
+def release_decoders_that_cannot_run(model: nn.Module) -> dict[str, str]:
+    """The release's decoders (`generate`, `linear_spec_generate`) that fail on the installed transformers,
+    each with the reason. The two incompatibilities found by running the release (see the README) are
+    checked as such, not by version number:
+
+    - its own Ministral3 stack (remote code) takes `past_key_values`, which transformers 5.24 renamed to
+      `cache` in the stack it builds on, so its forward, and with it its `generate`, raises;
+    - its `linear_spec_generate` crops the cache to a positive length, which `DynamicCache.crop` refuses
+      since 5.23."""
+    if isinstance(model, NemotronLabsDiffusionModel) or not _has_release_structure(model):
+        return {}
+    from transformers import Ministral3Model
+
+    broken = {}
+    stack = type(model.encoder)
+    own_stack = not stack.__module__.startswith("transformers.")
+    takes = inspect.signature(stack.forward).parameters
+    renamed = "cache" in inspect.signature(Ministral3Model.forward).parameters
+    if own_stack and renamed and "past_key_values" in takes and "cache" not in takes:
+        broken["generate"] = ("raises (its Ministral3 stack takes `past_key_values`, renamed `cache` in "
+                              "transformers 5.24)")
+    if callable(getattr(model, "linear_spec_generate", None)) and not _crop_to_length_works():
+        broken["linear_spec_generate"] = ("raises (it calls DynamicCache.crop with a positive length, refused "
+                                          "since transformers 5.23)")
+    return broken
+
+
+def _crop_to_length_works() -> bool:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 2, 1), torch.zeros(1, 1, 2, 1), 0)
+    try:
+        cache.crop(1)
+    except ValueError:
+        return False
+    return cache.get_seq_length() == 1
