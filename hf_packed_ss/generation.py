@@ -6,6 +6,7 @@ and hands one sequence to the Runner. Without `assistant_mode` it is stock `gene
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from transformers import (
     StoppingCriteriaList,
     StopStringCriteria,
 )
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
@@ -34,7 +36,7 @@ _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_t
           "assistant_model")
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
-            "stop_sequences": None}
+            "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None}
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
 NATIVE_THRESHOLD = 0.9  # appendix E.6
 
@@ -170,6 +172,35 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
             f"confidence_threshold only applies to assistant_mode='native' (got {mode!r}): drop it.")
     _reject(threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1),
             f"confidence_threshold={threshold!r} must be a probability in (0, 1].")
+    _reject(options["native_cache_order"] is not None and mode != "native",
+            f"native_cache_order only applies to assistant_mode='native' (got {mode!r}): drop it.")
+    _reject(options["native_cache_order"] not in (None, "position", "first_hitting"),
+            f"native_cache_order={options['native_cache_order']!r}: choose 'position' (the default) or "
+            "'first_hitting' (the release's GSM8K harness, SETDLM_FHT_CACHE_ORDER=true).")
+    _reject(options["stop_at_eos"] is not None and mode != "native",
+            f"stop_at_eos only applies to assistant_mode='native' (got {mode!r}; the other modes stop at EOS "
+            "exactly as stock generate does): drop it.")
+    _reject(options["stop_at_eos"] is not None and not isinstance(options["stop_at_eos"], bool),
+            f"stop_at_eos={options['stop_at_eos']!r} must be True (the default) or False (the release: never stop "
+            "at EOS).")
+    _reject(options["native_context"] is not None and mode != "native",
+            f"native_context only applies to assistant_mode='native' (got {mode!r}; the exact modes never crop "
+            "their cache, as stock generate): drop it.")
+    _reject(options["native_context"] not in (None, "full", "sliding"),
+            f"native_context={options['native_context']!r}: choose 'full' (the default) or 'sliding' (the release's "
+            "left-cropped cache past the trained length).")
+    _reject(options["native_cache_order"] == "first_hitting" and options["native_context"] == "sliding",
+            "native_cache_order='first_hitting' with native_context='sliding' is not supported (past the trained "
+            "length the release then crops by position and masks by position id, which is not reproduced): "
+            "choose one of them.")
+    _reject(options["native_context"] == "sliding" and 2 * width >= getattr(model.config, "block_size", 0),
+            f"native_context='sliding' keeps cache + call rows within block_size="
+            f"{getattr(model.config, 'block_size', None)} and a call has up to 2 * speculative_width rows: use "
+            f"speculative_width < {getattr(model.config, 'block_size', 0) / 2:g} or native_context='full'.")
+    _reject(options["native_context"] == "sliding" and input_ids.shape[-1] > getattr(model.config, "block_size", 0),
+            f"The prompt ({input_ids.shape[-1]} tokens) is longer than block_size="
+            f"{getattr(model.config, 'block_size', None)}, the context native_context='sliding' keeps: shorten it "
+            "or use native_context='full'.")
     stops = options["stop_sequences"]
     _reject(stops is not None and not (isinstance(stops, (list, tuple)) and all(
         isinstance(x, (list, tuple)) and x and all(isinstance(t, int) for t in x) for x in stops)),
@@ -181,11 +212,13 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         "Call generate once per prompt.",
     )
     _reject(input_ids.shape[1] == 0, "The prompt is empty: pass at least one token (e.g. the BOS token).")
+    check_token_ids(input_ids, model.config.get_text_config().vocab_size)
     _reject(
         config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
         "assistant_mode decodes one sequence per call: num_beams and num_return_sequences must be 1 "
         "(call generate again for more samples).",
     )
+    check_generation_mode(config)
     _reject(
         config.guidance_scale not in (None, 1, 1.0),
         "guidance_scale needs extra model calls per token and is not supported with assistant_mode.",
@@ -218,6 +251,57 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     return width
 
 
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Integer ids inside the vocabulary, named when not (torch would fail deep in the embedding)."""
+    _reject(
+        input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool,
+        f"input_ids must hold integer token ids; got dtype {input_ids.dtype}. Pass the tokenizer's ids "
+        "(tokenizer(text, return_tensors='pt').input_ids) or cast with .long().",
+    )
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"input_ids[{row}, {col}] = {int(input_ids[row, col])} is outside the vocabulary of this model "
+            f"(vocab_size={vocab_size}: ids 0..{vocab_size - 1}); encode the prompt with this model's tokenizer."
+        )
+
+
+# Options that select another decoding loop in stock generate, each with what to do instead.
+_OTHER_LOOPS = {
+    "prompt_lookup_num_tokens": "prompt lookup is stock assisted generation with an n-gram drafter",
+    "assistant_early_exit": "early exit is stock assisted generation with a layer-skipping drafter",
+    "use_mtp": "multi-token prediction is stock assisted generation with the model's MTP heads",
+    "penalty_alpha": "contrastive search is another decoding loop",
+    "dola_layers": "DoLa is another decoding loop",
+    "constraints": "constrained beam search is another decoding loop",
+    "force_words_ids": "constrained beam search is another decoding loop",
+    "token_healing": "token healing rewrites the prompt before decoding",
+    "prefill_chunk_size": "the prompt is processed in one call",
+    "output_scores": "assistant_mode returns sequences and decoding_stats, not per-token scores",
+    "output_logits": "assistant_mode returns sequences and decoding_stats, not per-token logits",
+    "output_attentions": "assistant_mode does not collect attentions",
+    "output_hidden_states": "assistant_mode does not collect hidden states",
+}
+
+
+def check_generation_mode(config: GenerationConfig) -> None:
+    """Refuse every `generate` option that would select another decoding loop, or an output we do not
+    produce, instead of silently ignoring it or assistant_mode."""
+    given = sorted(k for k in _OTHER_LOOPS if getattr(config, k, None) not in (None, False, 0))
+    _reject(
+        bool(given),
+        "Not supported together with assistant_mode: "
+        + "; ".join(f"{k}={getattr(config, k)!r} ({_OTHER_LOOPS[k]})" for k in given)
+        + ". Drop these options, or drop assistant_mode to use stock generate with them.",
+    )
+    _reject(
+        config.get_generation_mode() not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE),
+        f"assistant_mode decodes greedily or by sampling; these options select {config.get_generation_mode()}. "
+        "Drop them, or drop assistant_mode.",
+    )
+
+
 class StopSequenceCriteria(StoppingCriteria):
     """Stop once the sequence ends with one of the token-id `stop_sequences` (multi-token end markers)."""
 
@@ -246,6 +330,37 @@ def stopping(config: GenerationConfig, criteria, tokenizer, stop_sequences=None)
     if not checks:
         return None
     return lambda sequence: bool(checks(sequence[None], None).any())
+
+
+def length_defaults(model, generation_config, kwargs: dict) -> tuple[bool, bool]:
+    """Whether max_length / min_length are left at transformers' defaults, read the way stock generate
+    reads them (before the generation config is filled in)."""
+    configs = (generation_config, model.generation_config)
+    return tuple(kwargs.get(k) is None and all(c is None or getattr(c, k, None) is None for c in configs)
+                 for k in ("max_length", "min_length"))
+
+
+def new_token_budget(model, model_config, config: GenerationConfig, input_ids: torch.Tensor,
+                     default_max_length: bool, default_min_length: bool) -> int:
+    """The number of new tokens exactly as stock `generate` sets it, with its warnings and errors
+    (`max_new_tokens` over `max_length`; by default 20 new tokens, capped by `max_position_embeddings`;
+    a `max_length` not above the prompt is an error). Sets `config.max_length` / `min_length` as stock does,
+    so processors that read them (`forced_eos_token_id`, `min_new_tokens`) see the real limit."""
+    n = input_ids.shape[1]
+    model._prepare_generated_length(generation_config=config, has_default_max_length=default_max_length,
+                                    has_default_min_length=default_min_length, model_input_name="input_ids",
+                                    inputs_tensor=input_ids, input_ids_length=n)
+    model._validate_generated_length(config, n, default_max_length)
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is not None and config.max_length > limit:
+        warnings.warn(
+            f"The prompt ({n} tokens) plus up to {config.max_length - n} new tokens exceeds the model's "
+            f"max_position_embeddings={limit}: positions past {limit} were not trained, so text there may "
+            "degrade (the output is still exactly the AR mode's). Lower max_new_tokens to stay within the limit.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return config.max_length - n
 
 
 def speculative_generate(model, stock_generate, *args, **kwargs):
@@ -277,16 +392,23 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     kwargs.pop("generation_config", None)
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     _reject(input_ids is None, "Pass the prompt ids as the first argument or as input_ids=.")
+    _reject(not isinstance(input_ids, torch.Tensor),
+            f"input_ids must be a torch tensor of shape (batch, length); got {type(input_ids).__name__}.")
+    _reject(bool(kwargs.pop("synced_gpus", None)),
+            "synced_gpus is not supported with assistant_mode (one process decodes one sequence).")
     max_new = kwargs.pop("max_new_tokens", None)  # popped: GenerationConfig rejects 0, which we allow
-    _reject(max_new is not None and max_new < 0, f"max_new_tokens={max_new} must be >= 0.")
+    _reject(max_new is not None and (isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0),
+            f"max_new_tokens={max_new!r} must be >= 0 (an integer number of tokens).")
+    if max_new:
+        kwargs["max_new_tokens"] = max_new
     hooks = {k: kwargs.pop(k) for k in _HOOKS if k in kwargs}
+    defaults = length_defaults(model, generation_config, kwargs)  # read before the config is filled in, as stock
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
     width = validate(decoder, options, input_ids, config, model_kwargs, hooks)
 
     prompt_len = input_ids.shape[1]
-    if max_new is None:
-        max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
+    max_new = 0 if max_new == 0 else new_token_budget(model, decoder.config, config, input_ids, *defaults)
     eos = config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     processors = model._get_logits_processor(
@@ -305,6 +427,10 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         extra["verify_order"] = options["verify_order"] or "ltr"
         if mode == "native":
             extra["confidence_threshold"] = options["confidence_threshold"] or NATIVE_THRESHOLD
+            extra["native_cache_order"] = options["native_cache_order"] or "position"
+            extra["stop_at_eos"] = options["stop_at_eos"] is not False
+            extra["native_context"] = options["native_context"] or "full"
+            extra["config"] = decoder.config  # the sizes native_cache_order / native_context read
     schedule = fam.schedules[mode](width, acceptance, **extra)
     candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
     with torch.inference_mode(), proposal_only_adapters(decoder):

@@ -91,6 +91,79 @@ def test_bad_input_raises_clear_value_error(model, kwargs, message):
         model.generate(PROMPT, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens=3 .*prompt lookup"),
+        (dict(assistant_early_exit=1), "assistant_early_exit"),
+        (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
+        (dict(dola_layers="high"), "dola_layers"),
+        (dict(token_healing=True), "token_healing"),
+        (dict(prefill_chunk_size=2), "prefill_chunk_size"),
+        (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
+        (dict(output_logits=True, return_dict_in_generate=True), "output_logits"),
+        (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),
+        (dict(synced_gpus=True), "synced_gpus"),
+        (dict(max_new_tokens=2.5), "must be >= 0"),
+        (dict(max_new_tokens=None, max_length=3), "max_length"),  # stock refuses a max_length below the prompt
+    ],
+)
+def test_options_stock_generate_would_use_another_loop_for_are_refused(model, kwargs, message):
+    kwargs = {"assistant_mode": "packed_ss", "max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        model.generate(PROMPT, **kwargs)
+
+
+def test_bad_token_ids_are_named_with_the_vocabulary(model):
+    for ids, message in [
+        (PROMPT.float(), "integer token ids; got dtype torch.float32"),
+        (torch.tensor([[5, 9, 48]]), r"input_ids\[0, 2\] = 48 is outside the vocabulary .*vocab_size=48"),
+        (torch.tensor([[-1, 9]]), r"input_ids\[0, 0\] = -1 is outside"),
+        ([[5, 9, 2]], "must be a torch tensor"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(ids, assistant_mode="packed_ss", max_new_tokens=3)
+
+
+def test_lengths_follow_stock_rules(model):
+    """No max_new_tokens: 20 new tokens as stock (not max_length counted from 0); max_length counts the prompt."""
+    prompt = torch.arange(30)[None] % 40
+    for kwargs in ({}, {"max_length": 40}, {"max_new_tokens": 7, "min_new_tokens": 5}):
+        stock = model.generate(prompt, do_sample=False, **kwargs)
+        for mode in ("ar", "packed_ss"):
+            assert torch.equal(model.generate(prompt, assistant_mode=mode, **kwargs), stock), (mode, kwargs)
+
+
+def test_processors_that_read_the_length_limit_see_the_real_one(model):
+    """forced_eos_token_id forces EOS at max_length - 1, which max_new_tokens sets (as in stock generate)."""
+    stock = model.generate(PROMPT, max_new_tokens=6, forced_eos_token_id=3, do_sample=False)
+    assert stock[0, -1] == 3
+    for mode in ("ar", "linear_ss", "quadratic_ss", "packed_ss"):
+        out = model.generate(PROMPT, assistant_mode=mode, speculative_width=4, max_new_tokens=6, forced_eos_token_id=3)
+        assert torch.equal(out, stock), mode
+
+
+def test_decoding_past_max_position_embeddings_warns():
+    short = tiny_model(3, max_position_embeddings=16)
+    with pytest.warns(UserWarning, match="max_position_embeddings=16"):
+        short.generate(PROMPT, assistant_mode="packed_ss", max_new_tokens=20)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        short.generate(PROMPT, assistant_mode="packed_ss", max_new_tokens=8)
+
+
+def test_import_gives_the_bundled_subpackage():
+    import subprocess
+    import sys
+
+    script = "import hf_packed_ss; print(hf_packed_ss.bundled.names())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tiny-nemotron-gsm8k" in done.stdout
+
+
 def test_batch_and_empty_prompt_rejected(model):
     with pytest.raises(ValueError, match="batch size 2"):
         model.generate(PROMPT.repeat(2, 1), assistant_mode="packed_ss", max_new_tokens=3)
