@@ -7,6 +7,10 @@ cache (N plus the accepted draft rows: one crop), and applies the stopping rule:
 or a stop marker whose tokens are all accepted and end at j sets E = min(E, j) (appendix C, E.2);
 positions after E are dropped and the unresolved ones before it are still filled. The output is the
 prompt followed by positions 0..E in textual order.
+
+A schedule may opt out of the EOS rule (`stop_at_eos = False`) and may set `context_length`: then
+before each call the oldest cache rows are dropped so that cache + call rows <= context_length, and a
+first call that would not fit processes the prompt in a call of its own (the release's native decoder).
 """
 
 from __future__ import annotations
@@ -59,6 +63,14 @@ def process(processors, result: CallResult, plan: WindowPlan, prompt: torch.Tens
     return CallResult(verifier=verifier, proposals=proposals)
 
 
+def crop_left(cache: DynamicCache, rows: int) -> None:
+    """Drop the `rows` oldest rows of every layer of a DynamicCache (the release's `_crop_kv_cache_left`)."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = layer.keys[..., rows:, :]
+            layer.values = layer.values[..., rows:, :]
+
+
 def _stop_end(prompt, tokens: dict[int, int], new: list[int], end: int, stop) -> int:
     """The earliest j <= end where a stop marker whose tokens are all accepted ends (or `end`).
 
@@ -88,10 +100,16 @@ def run_any_order(
     cache: DynamicCache | None = None,
 ) -> tuple[torch.Tensor, DecodingStats]:
     """Decode one sequence with an any-order schedule; same contract as `runner.run`."""
-    eos = frozenset(int(e) for e in eos_token_ids)
+    eos = frozenset(int(e) for e in eos_token_ids) if schedule.stop_at_eos else frozenset()
     stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
     device, origin = prompt.device, prompt.numel()
     cache = DynamicCache() if cache is None else cache
+    limit = schedule.context_length
+    if limit is not None and origin > limit:
+        raise ValueError(f"The prompt ({origin} tokens) is longer than the context of {limit} rows the cache is "
+                         "cropped to: shorten the prompt or use native_context='full'.")
+    evicted = 0  # rows dropped from the left of [prompt, cached] (only with context_length)
+    schedule.begin(max_new_tokens, device)
     tokens: dict[int, int] = {}  # dom(P_t) -> token, output positions
     end = max_new_tokens - 1  # E
     pending = [(i - origin, int(t)) for i, t in enumerate(prompt.tolist())]  # N: accepted, not yet in the cache
@@ -112,6 +130,20 @@ def run_any_order(
         n_tokens = torch.tensor([t for _, t in pending], dtype=torch.long, device=device)
         n_positions = torch.tensor([j for j, _ in pending], dtype=torch.long, device=device) + origin
         call = layout.build(plan, n_tokens, n_positions, origin, cache.get_seq_length())
+        if limit is not None and cache.get_seq_length() + call.rows > limit:
+            if not cache.get_seq_length():  # the prompt first, in a call of its own
+                call_model(forward, layout.build(WindowPlan(order=()), n_tokens, n_positions, origin, 0), cache, stats)
+                cached += [(j, t) for j, t in pending if j >= 0]
+                pending, n_tokens, n_positions = [], n_tokens[:0], n_positions[:0]
+                call = layout.build(plan, n_tokens, n_positions, origin, cache.get_seq_length())
+            overflow = cache.get_seq_length() + call.rows - limit
+            if overflow >= cache.get_seq_length():
+                raise ValueError(f"A call of {call.rows} rows does not fit a context of {limit} rows: use a "
+                                 "smaller speculative_width or native_context='full'.")
+            if overflow > 0:
+                crop_left(cache, overflow)
+                evicted += overflow
+                call = layout.build(plan, n_tokens, n_positions, origin, cache.get_seq_length())
         # 2. one model call
         logits = call_model(forward, call, cache, stats)
         # 3. verify and draft
@@ -137,7 +169,11 @@ def run_any_order(
         pending = [(j, t) for j, t in pending if j <= end]
         dropped = next((i for i, (j, _) in enumerate(cached) if j > end), None)
         if dropped is not None:  # rows cached after a dropped one attended to it: process them again
-            cache.crop(origin + dropped - cache.get_seq_length())
+            if origin + dropped < evicted:
+                raise ValueError("A stop dropped a token the sliding context had already evicted; use a "
+                                 "block_size of at least 4 * speculative_width, stop_at_eos=False or "
+                                 "native_context='full'.")
+            cache.crop(origin + dropped - evicted - cache.get_seq_length())
             pending = [(j, t) for j, t in cached[dropped:] if j <= end] + pending
             cached = cached[:dropped]
         if streamer is not None:

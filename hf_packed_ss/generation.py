@@ -372,7 +372,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
     base = generation_config if generation_config is not None else model.generation_config
     given = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
-    explicit = sorted(k for k in ("speculative_width", "verify_order", "confidence_threshold") if given.get(k))
+    explicit = sorted(k for k in _OPTIONS if k not in ("assistant_mode", "stop_sequences") and given.get(k) is not None)
     # A None option means "use the config", as for stock generate options; only assistant_mode=None is a
     # choice of its own (stock generate).
     options = {k: given[k] if given.get(k) is not None or (k == "assistant_mode" and k in given)

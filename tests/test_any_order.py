@@ -302,6 +302,9 @@ def test_eos_before_accepted_later_positions_drops_them_exactly(setdlms, mode):
         (dict(assistant_mode="native", confidence_threshold=1.5), r"probability in \(0, 1\]"),
         (dict(assistant_mode="packed_ss", stop_sequences=[[]]), "non-empty token-id lists"),
         (dict(verify_order="confidence"), "only apply with assistant_mode"),
+        (dict(stop_at_eos=False), r"\['stop_at_eos'\] only apply with assistant_mode"),
+        (dict(native_cache_order="first_hitting"), "only apply with assistant_mode"),
+        (dict(native_context="sliding"), "only apply with assistant_mode"),
     ],
 )
 def test_bad_any_order_options_raise(setdlms, kwargs, message):
@@ -331,3 +334,208 @@ def test_generate_defaults_and_stats(setdlms):
     native = model.generate(torch.tensor([[4, 5]]), max_new_tokens=12, assistant_mode="native",
                             confidence_threshold=0.5, return_dict_in_generate=True)
     assert native.sequences.shape == (1, 14) and native.decoding_stats.schedule == "native"
+
+
+# --- The release's native-decoder variants (kuleshov-group/setdlms `SetDLM.generate`) -------------------
+
+
+def release_first_hitting_times(n: int, config, seed: int) -> list[float]:
+    """StaggeredNoise.compute_first_hitting_times as the release writes it (d = max_block_size / 2, noise
+    block = length = block_size): T_j = loc_j + b (1 - exp(-E_j / k)), E ~ Exp(1), one draw of shape (1, n)."""
+    length = block = config.block_size
+    smax = config.max_block_size
+    d = smax // 2
+    area = 1 / (2 * (length / d))
+    if d not in (1, smax):
+        b = smax / (block + smax - 1)
+        k = area / (b - area)
+    else:
+        k, b = 1.0, area * 2
+    torch.manual_seed(seed)
+    e = torch.empty(1, n, dtype=torch.float64).exponential_()
+    loc = torch.linspace(0.0, 1.0 - b, block, dtype=torch.float64).flip(0)[None, -n:]
+    return (loc + b * -torch.expm1(-e / k))[0].tolist()
+
+
+def native_reference(model, prompt: list[int], length: int, width: int, threshold: float, times=None,
+                     context: int | None = None) -> list[int]:
+    """The release's native decoder (greedy, no EOS) without a KV cache: every step is one fresh forward
+    over every row ever processed, each seeing the rows it saw when it was processed. Rows: the prompt
+    (its own call), then each step's [tokens committed the step before, causal in feed order | one MASK
+    per window position, seeing those and itself]. `times`: feed a step's committed tokens by descending
+    first-hitting time (else by position). `context`: before each step the oldest rows are dropped so
+    that kept rows + the step's rows <= context (`_crop_kv_cache_left`)."""
+    origin = len(prompt)
+    rows = list(enumerate(prompt))  # processed rows in cache order: (absolute position, token)
+    starts = [0] * origin  # the first row each processed row could see
+    dropped, new, out = 0, [], {}
+    while len(out) < length:
+        left = min(j for j in range(length) if j not in out)
+        window = [j for j in range(left, min(left + width, length)) if j not in out]
+        if context is not None:
+            dropped = max(dropped, len(rows) - (context - len(new) - len(window)))
+        n = len(rows) + len(new)
+        q = n + len(window)
+        mask = torch.zeros(q, q, dtype=torch.bool)
+        for i in range(n):
+            mask[i, (starts[i] if i < len(rows) else dropped) : i + 1] = True
+        for i in range(n, q):
+            mask[i, dropped:n] = True
+            mask[i, i] = True
+        ids = torch.tensor([[t for _, t in rows + new] + [MASK] * len(window)])
+        pos = torch.tensor([[j for j, _ in rows + new] + [origin + j for j in window]])
+        with torch.no_grad():
+            logits = model(input_ids=ids, position_ids=pos, attention_mask=mask[None, None]).logits[0, n:]
+        conf, tokens = torch.softmax(logits, dim=-1).max(dim=-1)
+        commit = conf >= threshold
+        commit[conf.argmax()] = True
+        pairs = [(window[r], int(tokens[r])) for r in commit.nonzero()[:, 0].tolist()]
+        if times is not None:
+            pairs.sort(key=lambda pair: -times[pair[0]])
+        starts += [dropped] * len(new)
+        rows += new
+        new = [(origin + j, t) for j, t in pairs]
+        out.update(pairs)
+    return [out[j] for j in range(length)]
+
+
+def _native(model, prompt, length, seed=None, **kwargs):
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=length, assistant_mode="native",
+                         return_dict_in_generate=True, **kwargs)
+    return out.sequences[0, len(prompt):].tolist(), out.decoding_stats
+
+
+def test_native_default_equals_the_release_rule_in_position_order(setdlms):
+    for seed, model in setdlms.items():
+        prompt = torch.randint(0, MASK, (4,), generator=torch.Generator().manual_seed(20 + seed)).tolist()
+        for width, threshold in ((2, 0.9), (6, 0.4)):
+            ref = native_reference(model, prompt, 30, width, threshold)
+            assert _native(model, prompt, 30, speculative_width=width, confidence_threshold=threshold)[0] == ref
+            explicit = _native(model, prompt, 30, speculative_width=width, confidence_threshold=threshold,
+                               native_cache_order="position", stop_at_eos=True, native_context="full")[0]
+            assert explicit == ref
+
+
+def test_first_hitting_cache_order_feeds_committed_rows_latest_first(setdlms):
+    """Each call's N rows (last step's committed tokens) come by descending first-hitting time, drawn
+    once per run from the release's schedule with the run's seed; by default they come by position."""
+    model = setdlms[0]
+    prompt = [4, 5, 6]
+    shuffled = 0
+    for cache_order in ("position", "first_hitting"):
+        trace: list[dict] = []
+        torch.manual_seed(3)
+        out, _ = decode(model, "native", prompt, 30, 6, trace=trace, confidence_threshold=0.2,
+                        native_cache_order=cache_order, config=model.config)
+        times = release_first_hitting_times(30, model.config, 3)
+        for before, step in zip(trace, trace[1:], strict=False):
+            call, committed = step["call"], [j for j, _ in before["out"][0]]
+            p = call.cache_rows_before_draft
+            fed = (call.position_ids[0, :p] - len(prompt)).tolist()
+            assert call.input_ids[0, :p].tolist() == [out[j] for j in fed]
+            if cache_order == "position":
+                assert fed == sorted(committed)
+            else:
+                assert fed == sorted(committed, key=lambda j: -times[j])
+                shuffled += fed != sorted(fed)
+    assert shuffled > 0  # the case under test happened
+
+
+def test_first_hitting_cache_order_equals_the_release_rule(setdlms):
+    changed = 0
+    for seed, model in setdlms.items():
+        prompt = torch.randint(0, MASK, (3,), generator=torch.Generator().manual_seed(30 + seed)).tolist()
+        for width, threshold, run_seed in ((2, 0.9, 1), (4, 0.2, 2), (8, 0.15, 5)):
+            times = release_first_hitting_times(24, model.config, run_seed)
+            ref = native_reference(model, prompt, 24, width, threshold, times=times)
+            out, _ = _native(model, prompt, 24, seed=run_seed, speculative_width=width, confidence_threshold=threshold,
+                             native_cache_order="first_hitting")
+            assert out == ref, (seed, width, threshold)
+            changed += out != native_reference(model, prompt, 24, width, threshold)
+    assert changed > 0  # the order changes the output somewhere
+    generator = torch.Generator().manual_seed(2)  # a generate(generator=...) draws the times from it when sampling
+    sampled = setdlms[0].generate(torch.tensor([[1, 2]]), max_new_tokens=8, assistant_mode="native", do_sample=True,
+                                  native_cache_order="first_hitting", generator=generator)
+    assert sampled.shape == (1, 10)
+
+
+def test_native_without_eos_stop_decodes_every_position(setdlms):
+    """The release never stops at EOS: with stop_at_eos=False EOS is an ordinary token and the output is
+    the no-EOS run; by default an accepted EOS at j ends the output at j."""
+    model = setdlms[1]
+    prompt = [7, 1, 3]
+    free, _ = _native(model, prompt, 30, speculative_width=4, confidence_threshold=0.5)
+    eos = free[10]
+    assert eos not in free[:10]
+    stopped, _ = _native(model, prompt, 30, speculative_width=4, confidence_threshold=0.5, eos_token_id=eos)
+    assert len(stopped) < 30 and stopped[-1] == eos and eos not in stopped[:-1]
+    through, stats = _native(model, prompt, 30, speculative_width=4, confidence_threshold=0.5, eos_token_id=eos,
+                             stop_at_eos=False)
+    assert through == free == native_reference(model, prompt, 30, 4, 0.5) and stats.new_tokens == 30
+
+
+@pytest.fixture(scope="module")
+def short_setdlm():
+    return tiny_setdlm(5, block_size=16, max_block_size=4)  # trained length 16, W = 2 by default
+
+
+def test_sliding_context_crops_the_cache_to_the_trained_length(short_setdlm):
+    model = short_setdlm
+    forward = model_forward(model)
+    for prompt in ([3, 1, 4], list(range(1, 16))):  # the second fills the context: its own prompt call
+        for width, threshold in ((2, 0.9), (3, 0.4)):
+            sizes = []
+            schedule = WINDOW_SCHEDULES["native"](width, Greedy(), confidence_threshold=threshold,
+                                                  native_context="sliding", config=model.config)
+
+            def probing(call, cache, sizes=sizes):
+                sizes.append((cache.get_seq_length(), call.rows))
+                return forward(call, cache)
+
+            with torch.no_grad():
+                seq, stats = run_any_order(probing, schedule, SetDLMLayout(MASK), torch.tensor(prompt), 40)
+            out = seq[len(prompt):].tolist()
+            assert out == native_reference(model, prompt, 40, width, threshold, context=16)
+            assert all(cached + rows <= 16 for cached, rows in sizes) and max(c for c, _ in sizes) > 8
+            if len(prompt) == 15:
+                assert sizes[0] == (0, 15)  # the prompt alone, as the release's prompt call
+            via_generate, _ = _native(model, prompt, 40, speculative_width=width, confidence_threshold=threshold,
+                                      native_context="sliding")
+            assert via_generate == out
+            full, _ = _native(model, prompt, 40, speculative_width=width, confidence_threshold=threshold)
+            assert full == native_reference(model, prompt, 40, width, threshold) != out  # default: no crop
+
+
+def test_exact_schedules_past_the_trained_length_stay_stock(short_setdlm):
+    from conftest import reference_greedy
+
+    prompt = torch.tensor([3, 1, 4])
+    ref = reference_greedy(short_setdlm, prompt, 30)
+    for mode in ("ar", *SPECULATIVE):
+        out = short_setdlm.generate(prompt[None], max_new_tokens=30, assistant_mode=mode)
+        assert out[0, 3:].tolist() == ref
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(native_cache_order="fht"), "choose 'position'"),
+        (dict(assistant_mode="packed_ss", native_cache_order="first_hitting"), "only applies to assistant_mode"),
+        (dict(stop_at_eos=1), "must be True"),
+        (dict(assistant_mode="linear_ss", stop_at_eos=False), "only applies to assistant_mode='native'"),
+        (dict(native_context="window"), "choose 'full'"),
+        (dict(assistant_mode="ar", native_context="sliding"), "only applies to assistant_mode='native'"),
+        (dict(native_cache_order="first_hitting", native_context="sliding"), "choose one of them"),
+        (dict(native_context="sliding", speculative_width=8), r"speculative_width < 8"),  # 2W rows must fit 16
+        (dict(native_context="sliding", prompt=list(range(17))), "longer than block_size=16"),
+        (dict(native_cache_order="first_hitting", max_new_tokens=17), "max_new_tokens <= 16"),
+    ],
+)
+def test_bad_native_options_raise(short_setdlm, kwargs, message):
+    kwargs = {"assistant_mode": "native", "max_new_tokens": 4, **kwargs}
+    prompt = kwargs.pop("prompt", [1, 2, 3])
+    model = tiny_setdlm(0, block_size=16, max_block_size=8) if "speculative_width" in kwargs else short_setdlm
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.tensor([prompt]), **kwargs)

@@ -3,6 +3,7 @@ from duplicate MASK rows (the reference that any-order decoding must reproduce).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import SETDLM_MASK as MASK
 from conftest import reference_greedy, tiny_setdlm
@@ -87,7 +88,7 @@ def test_release_folder_loads_with_key_mapping(tmp_path):
                "length": 1024, "block_size": 1024, "mask_token_id": MASK,
                "backbone_config": {"_target_": "backbone_automodel.AutoModelFromPreTrained",
                                    "pretrained_model_name_or_path": "Qwen/Qwen3-1.7B-Base"},
-               "noise_config": {"block_size": 1024, "max_block_size": 1024, "desired_block_size": 1}}
+               "noise_config": {"block_size": 1024, "length": 1024, "max_block_size": 1024}}
     (folder / "config.json").write_text(json.dumps(release))
     backbone = Qwen3Config(**{k: v for k, v in model.config.to_dict().items()
                               if k not in ("model_type", "mask_token_id", "max_block_size", "block_size")})
@@ -97,3 +98,62 @@ def test_release_folder_loads_with_key_mapping(tmp_path):
     assert torch.equal(loaded(ids).logits, model(ids).logits)
     out = loaded.generate(ids, max_new_tokens=12, assistant_mode="packed_ss")
     assert out[0, 4:].tolist() == reference_greedy(model, ids[0], 12)
+
+
+def _release_config(noise: dict | None = None, name: str = "", **kwargs):
+    from transformers import Qwen3Config
+
+    from hf_packed_ss.models.setdlm import config_from_release
+
+    release = {"model_type": "bd3lm", "length": 1024, "block_size": 1024, "mask_token_id": MASK,
+               "noise_config": {"block_size": 1024, "length": 1024, **(noise or {})}}
+    backbone = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    return config_from_release(release, backbone, name, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "noise, name, overrides, expected",
+    [
+        # 1. an explicit max_block_size wins over everything (the release's override / MAX_BLOCK_SIZE)
+        ({"max_block_size": 8, "desired_block_size": 2}, "setdlm-gsm8k-smax32", {"max_block_size": 20}, (20, 2)),
+        # 2. a config value below block_size is kept, whatever the name says
+        ({"max_block_size": 8, "desired_block_size": 4}, "setdlm-gsm8k-smax32", {}, (8, 4)),
+        # 3. an exported max_block_size == length with the StaggeredNoise default desired_block_size 1: 2 * 1
+        ({"max_block_size": 1024, "desired_block_size": 1}, "setdlm-gsm8k-smax16", {}, (2, 1)),
+        # 4. a desired_block_size override wins over the config's d and the name
+        ({"max_block_size": 1024, "desired_block_size": 1}, "setdlm-gsm8k-smax16", {"desired_block_size": 8}, (16, 8)),
+        # 5. no d in the config: the name; dN, then tgtN, then smaxN -> N // 2
+        ({"max_block_size": 1024}, "setdlm-gsm8k-smax16", {}, (16, 8)),
+        ({}, "runs/gsm8k_aoarm_tgt4_max1024_distill_again_v2", {}, (8, 4)),
+        ({}, "ckpt-d3-tgt16-smax32", {}, (6, 3)),
+        ({}, "/models/SetDLM_TGT8", {}, (16, 8)),  # matched lower-cased
+        ({}, "setdlm-gsm8k-smax16x", {}, (1024, 1024)),  # a token must end at a non-alphanumeric
+        # 6. no size anywhere: d = block_size, so max_block_size = block_size
+        ({}, "my-setdlm", {}, (1024, 1024)),
+        # 7. 2 d is capped at block_size
+        ({"desired_block_size": 700}, "", {}, (1024, 700)),
+    ],
+)
+def test_release_max_block_size_follows_the_release_loader(noise, name, overrides, expected):
+    config = _release_config(noise, name, **overrides)
+    assert (config.max_block_size, config.desired_block_size) == expected
+    assert config.block_size == 1024
+
+
+def test_release_block_size_precedence_and_bad_sizes():
+    from transformers import Qwen3Config
+
+    from hf_packed_ss.models.setdlm import config_from_release
+
+    backbone = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    base = {"mask_token_id": MASK, "length": 512}
+    assert config_from_release(base, backbone, "smax8").block_size == 512  # length
+    assert config_from_release({**base, "block_size": 256}, backbone, "smax8").block_size == 256
+    assert config_from_release({**base, "block_size": 256, "eval_block_size": 128}, backbone).block_size == 128
+    noisy = {**base, "eval_block_size": 128, "noise_config": {"block_size": 64, "k": "0.5", "b": None}}
+    config = config_from_release(noisy, backbone, "smax8")
+    assert (config.block_size, config.max_block_size, config.noise_k, config.noise_b) == (64, 8, 0.5, None)
+    with pytest.raises(ValueError, match="must be in \\[1, block_size=512\\]: pass max_block_size="):
+        config_from_release(base, backbone, max_block_size=600)

@@ -35,6 +35,10 @@ class SetDLMConfig(Qwen3Config):
         max_block_size: training horizon S_max (``smaxN`` in checkpoint names; 2 x the set size d);
             the matching active window is W = S_max / 2, and W <= S_max is enforced.
         block_size: sequence length the model was trained on.
+        desired_block_size: the set size d of the release's StaggeredNoise schedule (``tgtN`` / ``dN`` in run
+            names); None means ``max_block_size // 2``. Read only by ``native_cache_order="first_hitting"``.
+        noise_k, noise_b: explicit ``k`` / ``b`` of that schedule when the release config sets them (None:
+            derived from the sizes, as StaggeredNoise does).
     """
 
     model_type = "setdlm"
@@ -42,6 +46,9 @@ class SetDLMConfig(Qwen3Config):
     mask_token_id: int | None = None
     max_block_size: int = 16
     block_size: int = 1024
+    desired_block_size: int | None = None
+    noise_k: float | None = None
+    noise_b: float | None = None
 
 
 class SetDLMModel(DualModeModel):
@@ -126,37 +133,84 @@ class SetDLMModel(DualModeModel):
 RELEASE_KEY_MAPPING = {r"^backbone\.model\.model\.": "model.", r"^backbone\.model\.lm_head\.": "lm_head."}
 
 
-def config_from_release(release: dict, backbone: Qwen3Config, name: str = "") -> SetDLMConfig:
+def _int(value) -> int | None:
+    """The release loader's `_coerce_int`: None, "", "none" and "null" (and non-numbers) mean unset."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none", "null"}):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none", "null"}):
+        return None
+    return float(value)
+
+
+def _first(*values) -> int | None:
+    return next((v for v in map(_int, values) if v is not None), None)
+
+
+def _set_size_from_name(name: str) -> int | None:
+    """The set size d a release run name spells (the release's `_infer_setdlm_desired_block_size`): a
+    ``dN`` or else ``tgtN`` token gives d = N, else ``smaxN`` gives d = N // 2; tokens are delimited by
+    non-alphanumerics and matched in the lower-cased name."""
+    name = name.lower()
+    for pattern in (r"(?:^|[^a-z0-9])d(\d+)(?:$|[^a-z0-9])", r"(?:^|[^a-z0-9])tgt(\d+)(?:$|[^a-z0-9])"):
+        if match := re.search(pattern, name):
+            return int(match.group(1))
+    match = re.search(r"(?:^|[^a-z0-9])smax(\d+)(?:$|[^a-z0-9])", name)
+    return int(match.group(1)) // 2 if match else None
+
+
+def config_from_release(release: dict, backbone: Qwen3Config, name: str = "", *, max_block_size: int | None = None,
+                        desired_block_size: int | None = None) -> SetDLMConfig:
     """Our config for a released SetDLM folder.
 
     The release's config.json does not hold the Qwen3 sizes (its `backbone_config` names the base model,
     e.g. Qwen/Qwen3-1.7B-Base), so pass that base model's `Qwen3Config` as `backbone`. The MASK id is
-    `mask_token_id` (top level or `tokenization_config`); the horizon follows the release loader:
-    `noise_config.max_block_size` when it is below `block_size`, else twice the set size d from
-    `noise_config.desired_block_size` or the folder name (`smaxN` -> d = N/2), capped at `block_size`."""
+    `mask_token_id` (top level or `tokenization_config`). `name` is the checkpoint's name or path as the
+    release loader sees it (its regexes run over the whole string).
+
+    The sizes follow the release loader (`_build_setdlm_staggered_noise_schedule`), first match wins:
+    - `block_size`: `noise_config.block_size`, `eval_block_size`, `block_size`, `length` (default 1024);
+    - the set size d: the `desired_block_size` argument, `noise_config.desired_block_size` (1, the
+      StaggeredNoise default, counts as a value), the name (`dN`, `tgtN`, `smaxN` -> N // 2), `block_size`;
+    - `max_block_size`: the `max_block_size` argument; `noise_config.max_block_size` if below
+      `block_size`; else `min(2 d, block_size)`.
+    The arguments play the release's explicit overrides (`model_config_overrides.noise_config.*`; its
+    environment variables are not read)."""
     noise = release.get("noise_config") or {}
-    block = int(noise.get("block_size") or release.get("block_size") or release.get("length") or 1024)
     mask = release.get("mask_token_id", (release.get("tokenization_config") or {}).get("mask_token_id"))
     if mask is None:
         raise ValueError("The release config has no mask_token_id: pass the id of <|fim_middle|> in the config.")
-    horizon = noise.get("max_block_size")
-    if not horizon or horizon >= block:
-        d = noise.get("desired_block_size")
-        match = re.search(r"smax(\d+)", name)
-        if (not d or d == 1) and match:
-            d = int(match.group(1)) // 2
-        if not d or d == 1:
-            raise ValueError(f"Cannot tell the set size of {name!r}: pass max_block_size (smaxN -> N).")
-        horizon = min(2 * int(d), block)
-    fields = {**backbone.to_dict(), "mask_token_id": int(mask), "max_block_size": int(horizon), "block_size": block}
+    length = _first(noise.get("length"), release.get("length"), 1024)
+    block = _first(noise.get("block_size"), release.get("eval_block_size"), release.get("block_size"), length)
+    d = _first(desired_block_size, noise.get("desired_block_size"), _set_size_from_name(name), block)
+    configured = _int(noise.get("max_block_size"))
+    if max_block_size is not None:
+        horizon = _int(max_block_size)
+    elif configured is not None and configured < block:
+        horizon = configured
+    else:  # "exported HF SetDLM configs can contain max_block_size == length" (release loader)
+        horizon = min(2 * d, block)
+    if horizon is None or not 1 <= horizon <= block or d < 1:
+        raise ValueError(f"max_block_size={horizon} (set size {d}) must be in [1, block_size={block}]: pass "
+                         "max_block_size= (smaxN -> N) or desired_block_size= (dN / tgtN -> N).")
+    fields = {**backbone.to_dict(), "mask_token_id": int(mask), "max_block_size": horizon, "block_size": block,
+              "desired_block_size": d, "noise_k": _float(noise.get("k")), "noise_b": _float(noise.get("b"))}
     for key in ("model_type", "architectures", "transformers_version", "auto_map"):
         fields.pop(key, None)
     return SetDLMConfig(**fields)
 
 
-def load_release(path: str | Path, backbone: Qwen3Config, **kwargs) -> SetDLMModel:
-    """Load a released SetDLM checkpoint folder (local; nothing is downloaded) into `SetDLMModel`."""
-    path = Path(path)
-    release = json.loads((path / "config.json").read_text())
-    config = config_from_release(release, backbone, path.name)
+def load_release(path: str | Path, backbone: Qwen3Config, *, max_block_size: int | None = None,
+                 desired_block_size: int | None = None, **kwargs) -> SetDLMModel:
+    """Load a released SetDLM checkpoint folder (local; nothing is downloaded) into `SetDLMModel`.
+    The sizes are derived from its config and path as in `config_from_release`."""
+    release = json.loads((Path(path) / "config.json").read_text())
+    config = config_from_release(release, backbone, str(path), max_block_size=max_block_size,
+                                 desired_block_size=desired_block_size)
     return SetDLMModel.from_pretrained(path, config=config, key_mapping=RELEASE_KEY_MAPPING, **kwargs)

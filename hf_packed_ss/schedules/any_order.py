@@ -11,6 +11,8 @@ the verifier's correction, processed as an input by the next call).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
@@ -30,6 +32,8 @@ class WindowSchedule:
 
     name = ""
     calls_per_iteration = 1
+    stop_at_eos = True  # an accepted EOS at j sets E = min(E, j)
+    context_length: int | None = None  # keep cache + call rows <= this by dropping the oldest cache rows
 
     def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr"):
         self.width = width
@@ -40,6 +44,9 @@ class WindowSchedule:
         self.q: ProposalDistribution | None = None  # Q of the proposal call the draft came from
         self.q_row: dict[int, int] = {}  # position -> row of `q`
         self.score: dict[int, float] = {}  # appendix E.6 confidence score per position
+
+    def begin(self, length: int, device: torch.device) -> None:
+        """Called once before the first call with the number of output positions."""
 
     def plan(self, window: list[int]) -> WindowPlan:
         raise NotImplementedError
@@ -147,18 +154,100 @@ class WindowLinearSSSchedule(WindowSchedule):
         return accepted, h
 
 
+NATIVE_CACHE_ORDERS = ("position", "first_hitting")
+NATIVE_CONTEXTS = ("full", "sliding")
+
+
+@dataclass(frozen=True)
+class FirstHittingTimes:
+    """The first-hitting times of the release's StaggeredNoise schedule (`compute_first_hitting_times`).
+
+    T_j = loc_j + b (1 - exp(-E_j / k)) with E_j ~ Exp(1), where loc runs down from 1 - b to 0 over
+    `block_size` positions and output position j takes entry ``block_size - n + j`` of it (n output
+    positions); k and b follow from the set size d (area d / (2 length)) as in `init_schedule`."""
+
+    length: int
+    block_size: int
+    desired_block_size: int
+    max_block_size: int
+    k: float | None = None
+    b: float | None = None
+
+    @classmethod
+    def from_config(cls, config) -> FirstHittingTimes:
+        """Sizes from a `SetDLMConfig`: block_size is both the noise block and the length (as in the
+        release's GSM8K models); d defaults to max_block_size // 2 (the release trains smax = 2 d)."""
+        d = getattr(config, "desired_block_size", None) or max(1, config.max_block_size // 2)
+        return cls(config.block_size, config.block_size, d, config.max_block_size,
+                   getattr(config, "noise_k", None), getattr(config, "noise_b", None))
+
+    def shape(self) -> tuple[float, float]:
+        """(k, b)."""
+        area = 1 / (2 * (self.length / self.desired_block_size))
+        if self.k is not None:
+            return self.k, area * (self.k + 1) / self.k
+        if self.b is not None:
+            return area / (self.b - area), self.b
+        if self.desired_block_size not in (1, self.max_block_size):
+            b = self.max_block_size / (self.block_size + self.max_block_size - 1)
+            return area / (b - area), b
+        return 1.0, area * 2.0
+
+    def sample(self, n: int, device: torch.device, generator: torch.Generator | None = None) -> list[float]:
+        """One draw for output positions 0..n-1 (one `exponential_` call of shape (1, n), float64, on
+        `device`: the same random stream as the release's draw at the start of `SetDLM.generate`)."""
+        if n > self.block_size:
+            raise ValueError(
+                f"native_cache_order='first_hitting' draws one first-hitting time per output position from the "
+                f"release's schedule over block_size={self.block_size} positions; use max_new_tokens <= "
+                f"{self.block_size} or native_cache_order='position'.")
+        if n == 0:
+            return []
+        k, b = self.shape()
+        e = torch.empty(1, n, dtype=torch.float64, device=device).exponential_(generator=generator)
+        loc = torch.linspace(0.0, 1.0 - b, self.block_size, dtype=torch.float64).flip(0)[None, -n:].to(device)
+        return (loc + b * -torch.expm1(-e / k))[0].tolist()
+
+
 class NativeSchedule(WindowSchedule):
     """SetDLM's own sliding-window threshold decoder (not exact; a speed/accuracy reference).
 
     Each call drafts every masked position of the window from the committed tokens and commits the
-    most confident one plus every one whose probability is at least `confidence_threshold`."""
+    most confident one plus every one whose probability is at least `confidence_threshold`. The
+    committed tokens are the next call's N rows (causal among themselves, in the order returned):
+
+    - ``native_cache_order="position"``: by position; ``"first_hitting"``: by first-hitting time,
+      latest first (the release's ``setdlm_fht_cache_order``, on in its GSM8K harness), with times
+      drawn once per run from the release's StaggeredNoise schedule (`FirstHittingTimes`).
+    - ``stop_at_eos=False``: EOS is an ordinary token (the release decodes every position).
+    - ``native_context="sliding"``: before each call the oldest cache rows are dropped so that cache +
+      call rows <= the trained length ``config.block_size`` (the release's ``_crop_kv_cache_left``).
+    """
 
     name = "native"
 
     def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
-                 confidence_threshold: float = 0.9):
+                 confidence_threshold: float = 0.9, native_cache_order: str = "position", stop_at_eos: bool = True,
+                 native_context: str = "full", config=None):
         super().__init__(width, acceptance, verify_order)
+        if native_cache_order not in NATIVE_CACHE_ORDERS:
+            raise ValueError(f"native_cache_order={native_cache_order!r}: choose one of {NATIVE_CACHE_ORDERS}.")
+        if native_context not in NATIVE_CONTEXTS:
+            raise ValueError(f"native_context={native_context!r}: choose one of {NATIVE_CONTEXTS}.")
+        if not isinstance(stop_at_eos, bool):
+            raise ValueError(f"stop_at_eos={stop_at_eos!r} must be True or False.")
+        if config is None and (native_cache_order, native_context) != ("position", "full"):
+            raise ValueError("native_cache_order='first_hitting' and native_context='sliding' read the model "
+                             "config: pass config=model.config.")
         self.threshold = confidence_threshold
+        self.stop_at_eos = stop_at_eos
+        self.context_length = config.block_size if native_context == "sliding" else None
+        self.first_hitting = FirstHittingTimes.from_config(config) if native_cache_order == "first_hitting" else None
+        self.times: list[float] = []
+
+    def begin(self, length: int, device: torch.device) -> None:
+        if self.first_hitting is not None:
+            self.times = self.first_hitting.sample(length, device, getattr(self.acceptance, "generator", None))
 
     def plan(self, window: list[int]) -> WindowPlan:
         return WindowPlan(order=tuple(window), verify=False, regions=(0,))
@@ -168,7 +257,10 @@ class NativeSchedule(WindowSchedule):
         probs = _confidence(tokens, q, result.proposals[0])
         commit = probs >= self.threshold
         commit[probs.argmax()] = True
-        return [(plan.order[r], int(tokens[r])) for r in commit.nonzero()[:, 0].tolist()], 0
+        pairs = [(plan.order[r], int(tokens[r])) for r in commit.nonzero()[:, 0].tolist()]
+        if self.first_hitting is not None:  # latest first-hitting time first; ties keep position order
+            pairs.sort(key=lambda pair: -self.times[pair[0]])
+        return pairs, 0
 
 
 WINDOW_SCHEDULES: dict[str, type[WindowSchedule]] = {
