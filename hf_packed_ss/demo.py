@@ -2,9 +2,11 @@
 
 Timing honesty: on a shared CPU, schedules decoding at the same time would slow each other down. So a race
 first *measures* every chosen schedule alone, one after another (one decode at a time in the whole process,
-whichever session asked), recording when each model call finished and when each token was accepted; then it
-*replays* the measured timelines side by side at their real relative pace (slowed down or sped up as a whole
-so the race is watchable; the counters always show measured time). Tokens are coloured by how they were
+whichever session asked), recording when each model call finished and when each token was accepted; as the
+benchmark does, every schedule is warmed up (at start) and timed several times (`repeats`, rounds in rotating
+order), and each schedule's median run is reported with the range of its runs. Then it *replays* the median
+runs' timelines side by side at their real relative pace (slowed down or sped up as a whole so the race is
+watchable; the counters always show measured time). Tokens are coloured by how they were
 produced: accepted draft token, correction after a rejection, bonus after a fully accepted draft, verifier
 token without a draft (AR, prefill) or committed by SetDLM's native decoder.
 
@@ -25,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .bench.repeats import median_index, speedup, spread
+from .bench.statistics import rotation
 from .cli import load_model
 from .generation import family
 from .schedules import SCHEDULES
@@ -34,6 +38,9 @@ LABELS = {"ar": "AR", "linear_ss": "Linear-SS", "quadratic_ss": "Quadratic-SS", 
           "native": "Native (SetDLM)"}
 ORDER = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "native"]
 DEFAULT_SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
+# An answer long enough to time a speculative schedule (at 24 tokens the prefill and the first calls dominate),
+# and timed runs per schedule: the median is reported, the range shows the noise.
+DEFAULT_MAX_NEW_TOKENS, DEFAULT_REPEATS, MAX_REPEATS = 128, 3, 9
 EXACT = set(SCHEDULES)  # every schedule but `native` reproduces the AR mode's greedy output
 # How each accepted token was produced (the streamer's `put_iteration` kinds): legend text and colour.
 KINDS = {
@@ -97,6 +104,8 @@ class Trace:
     accepted_per_iteration: list[int] = field(default_factory=list)
     rows_per_call: list[int] = field(default_factory=list)
     stopped: bool = False
+    runs_wall_s: list[float] = field(default_factory=list)  # every timed run of this schedule, in round order
+    runs_tokens_per_s: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -225,44 +234,97 @@ def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | N
 
 
 def measure(model, tokenizer, prompt: str, schedules: list[str], *, width: int | None = None,
-            max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-            stop_at_eos: bool = True, stop: threading.Event | None = None,
+            max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0, top_k: int = 0,
+            top_p: float = 1.0, seed: int = 0, stop_at_eos: bool = True, repeats: int = DEFAULT_REPEATS,
+            stop: threading.Event | None = None,
             events: Callable[[str, str, int], None] | None = None) -> list[Trace]:
-    """Decode `prompt` with every schedule, one after another, each alone (holding `DECODE_LOCK`).
+    """Decode `prompt` with every schedule, `repeats` rounds, each decode alone (holding `DECODE_LOCK`); round r
+    runs the schedules in `bench.statistics.rotation` order, as the benchmark does.
 
-    `events(kind, schedule, n)` is told "start" and "tokens" (n accepted so far). Raises ValueError for bad
-    input (from `generate`'s validation) and stops early, returning the partial traces, once `stop` is set."""
+    Returns one Trace per schedule, in the order given: its median run by tokens/s (the lower median, so a real
+    run whose timeline the race replays), with every run's wall time and tokens/s in `runs_wall_s` and
+    `runs_tokens_per_s`. `events(kind, schedule, n)` is told "start" (n = the run's index) and "tokens" (n
+    accepted so far). Raises ValueError for bad input (from `generate`'s validation) and stops early once
+    `stop` is set: a schedule whose run was cut short is returned as that partial run, marked `stopped`."""
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
     sampling = sampling_kwargs(temperature, top_k, top_p)
-    traces = []
+    runs: dict[str, list[Trace]] = {m: [] for m in schedules}
+    cut: dict[str, Trace] = {}
     with DECODE_LOCK:
-        for mode in schedules:
-            if stop is not None and stop.is_set():
+        for r in range(max(1, int(repeats))):
+            for mode in rotation(list(schedules), r):
+                if stop is not None and stop.is_set():
+                    break
+                if events:
+                    events("start", mode, r)
+                progress = (lambda n, m=mode: events("tokens", m, n)) if events else None
+                trace = decode_one(model, tokenizer, ids, mode, width=width, max_new_tokens=max_new_tokens,
+                                   sampling=sampling, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
+                                   progress=progress)
+                if trace.stopped:
+                    cut[mode] = trace
+                    break
+                runs[mode].append(trace)
+            if cut or (stop is not None and stop.is_set()):
                 break
-            if events:
-                events("start", mode, 0)
-            progress = (lambda n, m=mode: events("tokens", m, n)) if events else None
-            traces.append(decode_one(model, tokenizer, ids, mode, width=width, max_new_tokens=max_new_tokens,
-                                     sampling=sampling, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
-                                     progress=progress))
-            if traces[-1].stopped:
-                break
+    traces = []
+    for mode in schedules:
+        done = runs[mode]
+        if not done:
+            if mode in cut:
+                traces.append(cut[mode])
+            continue
+        median = done[median_index([t.tokens_per_s for t in done])]
+        median.runs_wall_s = [t.wall_s for t in done]
+        median.runs_tokens_per_s = [t.tokens_per_s for t in done]
+        median.stopped = mode in cut
+        traces.append(median)
     return traces
 
 
 def summary(traces: list[Trace], greedy: bool) -> dict:
-    """Per-schedule statistics with speed-up over AR, and whether the exact schedules agree token for token."""
+    """Per-schedule statistics of the median runs with the speed-up over AR (tokens/s of the median runs, and the
+    range of the per-round ratios) and the range of the wall times, and whether the exact schedules agree token
+    for token."""
     ar = next((t for t in traces if t.schedule == "ar"), None)
     rows = []
     for t in traces:
         row = t.to_dict()
-        row["speedup_vs_ar"] = ar.wall_s / t.wall_s if ar is not None and t.wall_s > 0 else None
+        runs = t.runs_wall_s or [t.wall_s]
+        row["repeats"] = len(t.runs_wall_s)
+        wall = spread(runs)
+        row["wall_range"] = [wall.low, wall.high]
+        row["speedup_vs_ar"] = row["speedup_range"] = None
+        if ar is not None and ar.tokens_per_s > 0 and t.wall_s > 0:
+            row["speedup_vs_ar"] = t.tokens_per_s / ar.tokens_per_s
+            rates, base = t.runs_tokens_per_s or [t.tokens_per_s], ar.runs_tokens_per_s or [ar.tokens_per_s]
+            up = speedup(base, rates)
+            row["speedup_range"] = [up.low, up.high]
         row["same_as_ar"] = None if ar is None or t is ar else t.tokens == ar.tokens
         rows.append(row)
     exact = [t for t in traces if t.schedule in EXACT]
     stopped = any(t.stopped for t in traces)
     identical = None if stopped or not greedy or len(exact) < 2 else all(t.tokens == exact[0].tokens for t in exact)
     return {"greedy": greedy, "stopped": stopped, "identical": identical, "schedules": rows}
+
+
+def fastest(result: dict) -> str:
+    """The status line's verdict on speed: the fastest schedule (AR included) with its speed-up and range."""
+    rows = [r for r in result["schedules"] if r["speedup_vs_ar"] is not None]
+    others = [r for r in rows if r["schedule"] != "ar"]
+    if not others:
+        return ""
+    best = max(others, key=lambda r: r["speedup_vs_ar"])
+    low, high = best["speedup_range"]
+    runs = best["repeats"]
+    noise = (f"; per-run range {low:.2f}\u2013{high:.2f}\u00d7" if runs > 1 else "")
+    how = f" (tokens/s, median of {runs} timed run{'s' if runs != 1 else ''} each{noise})"
+    if runs > 1 and low <= 1 <= high:
+        how += ": within the timing noise of AR"
+    if best["speedup_vs_ar"] >= 1:
+        return f" Fastest: **{best['label']}**, {best['speedup_vs_ar']:.2f}\u00d7 AR's speed{how}."
+    return (f" Fastest: **AR**; the best speculative schedule, **{best['label']}**, runs at "
+            f"{best['speedup_vs_ar']:.2f}\u00d7 AR's speed{how}.")
 
 
 def verdict(result: dict) -> str:
@@ -294,11 +356,19 @@ def table(result: dict):
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
 
+    def speed(r):
+        if r["speedup_vs_ar"] is None:
+            return "-"
+        text = f"{r['speedup_vs_ar']:.2f}\u00d7"
+        if r["schedule"] != "ar" and r.get("repeats", 0) > 1:
+            text += " [{:.2f}, {:.2f}]".format(*r["speedup_range"])
+        return text
+
     return pd.DataFrame([{
         "schedule": r["label"], "W": r["width"], "tokens": r["new_tokens"], "NFE": r["nfe"],
         "tokens/NFE": num(r["tokens_per_nfe"], ".2f"), "wall s": num(r["wall_s"], ".3f"),
-        "tokens/s": num(r["tokens_per_s"], ".1f"),
-        "speed-up vs AR": "-" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}\u00d7",
+        "wall s range": "{:.3f}\u2013{:.3f}".format(*r["wall_range"]) if r.get("repeats", 0) > 1 else "-",
+        "tokens/s": num(r["tokens_per_s"], ".1f"), "speed-up vs AR": speed(r),
         "same as AR": {None: "-", True: "yes", False: "NO"}[r["same_as_ar"]],
     } for r in result["schedules"]])
 
@@ -401,11 +471,12 @@ def available_schedules(model) -> list[str]:
 
 
 def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[float, float] = (3.0, 30.0),
-              fps: float = 12.0, max_new_tokens: int = 64, max_new_tokens_limit: int = 1024,
-              race_concurrency: int = 4, warmup: bool = True):
+              fps: float = 12.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, max_new_tokens_limit: int = 1024,
+              repeats: int = DEFAULT_REPEATS, race_concurrency: int = 4, warmup: bool = True):
     """The Gradio Blocks. `replay_s` = (shortest, longest) race replay in seconds: a faster measurement is slowed
     down to the first, a slower one sped up to the second (relative pace is always the measured one). `warmup`
-    decodes a few tokens with every schedule first, so the first race measures no one-time costs."""
+    decodes a few tokens with every schedule first, so the first race measures no one-time costs.
+    `max_new_tokens` and `repeats` (timed runs per schedule) are the sliders' initial values."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
@@ -418,13 +489,15 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
     if warmup:
         warm_up(model, tokenizer, modes)
 
-    def parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos) -> dict:
+    def parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs) -> dict:
         chosen = [m for m in ORDER if m in (schedules or [])]
         if not chosen:
             raise gr.Error("Choose at least one schedule.")
+        if not 1 <= int(runs or 0) <= MAX_REPEATS:
+            raise gr.Error(f"Timed runs per schedule must be 1 to {MAX_REPEATS} (got {runs}).", title="Bad input")
         return dict(prompt=prompt or "", schedules=chosen, width=int(width or 0) or None, max_new_tokens=int(max_new),
                     temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p), seed=int(seed or 0),
-                    stop_at_eos=bool(stop_at_eos))
+                    stop_at_eos=bool(stop_at_eos), repeats=int(runs))
 
     def result_of(settings: dict, traces: list[Trace]) -> dict:
         result = summary(traces, greedy=settings["temperature"] <= 0)
@@ -471,6 +544,9 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                                       info=f"1..{widest}; 0 = each schedule's default", elem_id="width")
                     max_new = gr.Slider(1, max_new_tokens_limit, value=max_new_tokens, step=1,
                                         label="Max new tokens", elem_id="max-new-tokens")
+                runs = gr.Slider(1, MAX_REPEATS, value=repeats, step=1, label="Timed runs per schedule",
+                                 info="the median run is reported and replayed; the range shows the timing noise",
+                                 elem_id="repeats")
                 with gr.Accordion("Sampling", open=False):
                     temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
                     with gr.Row():
@@ -489,15 +565,18 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
             lanes = {m: gr.HTML(lane_html(None, m, note="waiting for a race"), visible=m in DEFAULT_SCHEDULES,
                                 elem_id=f"lane-{m}") for m in modes}
         verdict_md = gr.Markdown("", elem_id="verdict")
-        summary_df = gr.Dataframe(label="Summary (each schedule measured alone)", elem_id="summary",
+        summary_df = gr.Dataframe(label="Summary (each schedule measured alone; its median run, and the range of "
+                                  "its runs)", elem_id="summary",
                                   interactive=False, wrap=True)
         plot = gr.Plot(label="Accepted tokens per model call", show_label=False, elem_id="chart", format="png")
         with gr.Accordion("Raw results (JSON)", open=False):
             raw = gr.JSON(elem_id="raw")
         gr.Markdown(
             "<small>Each schedule decodes **alone, one after another** (one decode at a time in this server), so "
-            "they never compete for the CPU; the race then replays the measured timelines side by side at their "
-            "real relative pace. NFE = model calls, prefill included; wall = the whole decode.</small>"
+            "they never compete for the CPU; as in the benchmark, every schedule was warmed up at start and is "
+            "timed several times (rounds in rotating order); the race then replays each schedule's median run "
+            "side by side at the real relative pace. Speed-up = tokens/s over AR's, with the range of the "
+            "per-round ratios. NFE = model calls, prefill included; wall = the whole decode.</small>"
         )
         race_outputs = [status, verdict_md, raw, summary_df, plot, last, *lanes.values()]
 
@@ -510,17 +589,13 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                 yield {status: "Done." if finished else f"Racing{note}\u2026",
                        **{lanes[m]: h for m, h in htmls.items()}}
             traces = [Trace.from_dict(r) for r in result["schedules"]]
-            speeds = [(r["speedup_vs_ar"], r["label"]) for r in result["schedules"]
-                      if r["speedup_vs_ar"] is not None and r["schedule"] != "ar"]
-            best = max(speeds, default=None)
-            tail = f" Fastest: **{best[1]}**, {best[0]:.2f}\u00d7 AR's speed (wall time)." if best else ""
-            yield {status: f"Done.{tail}", verdict_md: verdict(result), raw: result,
+            yield {status: f"Done.{fastest(result)}", verdict_md: verdict(result), raw: result,
                    summary_df: table(result), plot: chart(traces) if traces else None,
                    **{lanes[m]: h for m, h in htmls.items()}}  # the finished columns: the event's final state
 
-        def race(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos,
+        def race(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs,
                  request: gr.Request):
-            settings = parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos)
+            settings = parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs)
             key = request.session_hash if request is not None else "-"
             stop = _register(key)
             events: queue.Queue = queue.Queue()
@@ -533,8 +608,8 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                                             width=settings["width"], max_new_tokens=settings["max_new_tokens"],
                                             temperature=settings["temperature"], top_k=settings["top_k"],
                                             top_p=settings["top_p"], seed=settings["seed"],
-                                            stop_at_eos=settings["stop_at_eos"], stop=stop,
-                                            events=lambda *e: events.put(e))
+                                            stop_at_eos=settings["stop_at_eos"], repeats=settings["repeats"],
+                                            stop=stop, events=lambda *e: events.put(e))
                 except Exception as err:  # reported to the user below, never as a traceback
                     box["error"] = err
                 finally:
@@ -549,7 +624,9 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                        **{lanes[m]: gr.update(visible=m in chosen, value=lane_html(None, m, note=waiting))
                           for m in modes}}
                 threading.Thread(target=work, daemon=True).start()
-                current, count, done = None, 0, False
+                current, run, count, done = None, 0, 0, False
+                total = settings["repeats"] * len(chosen)
+                measured: dict[str, int] = {}  # finished runs per schedule
                 while not done:  # progress a few times a second, so the decode being timed keeps the CPU
                     finished.wait(0.3)
                     update = {}
@@ -559,15 +636,19 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                             done = True
                         elif kind == "start":
                             if current is not None:
-                                update[lanes[current]] = lane_html(None, current, note="measured \u2713")
-                            current, count = mode, 0
+                                measured[current] = measured.get(current, 0) + 1
+                                k = measured[current]
+                                update[lanes[current]] = lane_html(None, current, note=f"measured \u2713 "
+                                                                   f"({k}/{settings['repeats']} runs)")
+                            current, run, count = mode, n, 0
                         else:
                             count = n
                     if current is not None and not done:
-                        k = chosen.index(current) + 1
-                        update[status] = (f"Measuring {k}/{len(chosen)}: **{LABELS[current]}** decodes alone "
-                                          f"\u2026 {count} tokens")
-                        update[lanes[current]] = lane_html(None, current, note=f"measuring alone\u2026 {count} tokens")
+                        k = sum(measured.values()) + 1
+                        update[status] = (f"Measuring {k}/{total} (round {run + 1}/{settings['repeats']}): "
+                                          f"**{LABELS[current]}** decodes alone \u2026 {count} tokens")
+                        update[lanes[current]] = lane_html(None, current, note=f"measuring alone (run {run + 1}/"
+                                                           f"{settings['repeats']})\u2026 {count} tokens")
                     if update:
                         yield update
                 if "error" in box:
@@ -606,26 +687,28 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                 event.set()
             return "Stopped."
 
-        inputs = [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos]
+        inputs = [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs]
         race_event = race_btn.click(race, inputs, race_outputs, api_name="race", concurrency_limit=race_concurrency,
                                     concurrency_id="race")
         replay_event = replay_btn.click(replay, [last], race_outputs, api_name="replay",
                                         concurrency_limit=race_concurrency, concurrency_id="race")
         stop_btn.click(halt, None, [status], api_name="stop", queue=False, cancels=[race_event, replay_event])
 
-        def decode(prompt: str, schedules: list[str], width: int = 0, max_new_tokens: int = 64,
+        def decode(prompt: str, schedules: list[str], width: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                   stop_at_eos: bool = True) -> dict:
-            """Measure a race without the replay; returns texts and statistics for every schedule."""
+                   stop_at_eos: bool = True, repeats: int = DEFAULT_REPEATS) -> dict:
+            """Measure a race without the replay; returns texts and statistics for every schedule (each one's
+            median run of `repeats`, with every run's wall time and tokens/s)."""
             unknown = [s for s in schedules if s not in modes]
             if unknown:
                 raise gr.Error(f"Unknown schedules {unknown}; this model offers {modes}.", title="Bad input")
-            settings = parse(prompt, schedules, width, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+            settings = parse(prompt, schedules, width, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
+                             repeats)
             try:
                 traces = measure(model, tokenizer, settings["prompt"], settings["schedules"], width=settings["width"],
                                  max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"],
                                  top_k=settings["top_k"], top_p=settings["top_p"], seed=settings["seed"],
-                                 stop_at_eos=settings["stop_at_eos"])
+                                 stop_at_eos=settings["stop_at_eos"], repeats=settings["repeats"])
             except ValueError as err:
                 raise gr.Error(str(err), title="Bad input") from None
             return result_of(settings, traces)
@@ -677,7 +760,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7860, help="0 = any free port")
     parser.add_argument("--concurrency", type=int, default=4, help="events running at once (decodes: always one)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="the slider's initial value")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                        help="the slider's initial value")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, choices=range(1, MAX_REPEATS + 1),
+                        metavar="N", help=f"timed runs per schedule, the slider's initial value (1 to {MAX_REPEATS})")
     parser.add_argument("--replay-seconds", type=float, nargs=2, default=(3.0, 30.0), metavar=("MIN", "MAX"),
                         help="a race replay lasts at least MIN and at most MAX seconds")
     parser.add_argument("--no-warmup", action="store_true")
@@ -689,6 +775,6 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(name, getattr(torch, args.dtype))
     model.to(args.device)
     app = build_app(model, tokenizer, name, replay_s=tuple(args.replay_seconds), max_new_tokens=args.max_new_tokens,
-                    race_concurrency=args.concurrency, warmup=not args.no_warmup)
+                    repeats=args.repeats, race_concurrency=args.concurrency, warmup=not args.no_warmup)
     launch(app, args.host, args.port or None, concurrency=args.concurrency)
     return 0

@@ -38,12 +38,110 @@ def test_generation_config_json_round_trip(tmp_path):
     assert torch.equal(stock, out.sequences)
 
 
+QUICK = ["--model", "tiny-nemotron-gsm8k", "--no-progress", "--warmup-tokens", "2", "--probe-iters", "1"]
+
+
 def test_run_command_prints_every_schedule(capsys):
-    assert main(["run", "--max-new-tokens", "12", "--width", "3"]) == 0
+    """Real decodes (tiny checkpoint, few tokens): text, the table with tokens/s, speed-up and break-even
+    columns, the verdict and the timing line."""
+    assert main(["run", "--max-new-tokens", "12", "--width", "3", "--repeats", "2", *QUICK]) == 0
     printed = capsys.readouterr().out
     for mode in ("ar", "linear_ss", "quadratic_ss", "packed_ss"):
         assert f"[{mode}]" in printed and f"\n{mode}" in printed
-    assert "NO" not in printed.split("same as ar")[1]
+    table = printed.split("same as ar")[1]
+    assert "NO" not in table
+    for column in ("tokens/s", "speed-up vs ar", "break-even", "ms/NFE"):
+        assert column in printed
+    assert "Fastest on this machine: " in printed and "call costs" in printed and "bare forward" in printed
+    assert "Timing: median of 2 repeat(s)" in printed
+
+
+def _fake_decode(calls: list, seconds: dict, wrong: str | None = None):
+    """A stand-in for `bench.measure.decode_ours`: records (mode, max_new_tokens), returns fixed statistics:
+    100 tokens (fewer for a warm-up), NFE 100 / (tokens per NFE), `seconds[mode]` give or take 2%."""
+    per_nfe = {"ar": 1, "linear_ss": 2, "quadratic_ss": 2.5, "packed_ss": 2}
+    rows = {"ar": 1, "linear_ss": 4, "quadratic_ss": 20, "packed_ss": 8}
+
+    def decode(model, ids, mode, settings):
+        calls.append((mode, settings.max_new_tokens))
+        n = min(100, settings.max_new_tokens)
+        nfe = max(1, round(n / per_nfe[mode]))
+        tokens = list(range(n)) if mode != wrong else [7] * n
+        k = sum(1 for m, _ in calls if m == mode) - 1  # this schedule's k-th decode (0: the warm-up)
+        wall = seconds[mode] * (1.0, 1.02, 0.98)[k % 3]  # noise whose median is `seconds[mode]` (k = 1, 2, 3)
+        return dict(width=0 if mode == "ar" else 3, new_tokens=n, nfe=nfe, decoder_time_s=wall, generate_wall_s=wall,
+                    model_time_s=wall, rows_per_call=[ids.shape[1]] + [rows[mode]] * (nfe - 1),
+                    accepted_per_iteration=[], tokens=tokens)
+
+    return decode
+
+
+def test_run_command_warms_up_then_times_interleaved_repeats(monkeypatch, capsys, tmp_path):
+    """Every schedule is warmed up (untimed, a few tokens) before any timed decode; the timed decodes are
+    `--repeats` rounds in rotating order; the table reports the median repeat, the speed-up over AR with its
+    range and the break-even tokens/NFE; the verdict names the fastest schedule and why; --json has it all."""
+    from hf_packed_ss.bench import measure
+
+    calls: list = []
+    seconds = {"ar": 1.0, "linear_ss": 0.9, "quadratic_ss": 2.0, "packed_ss": 0.8}
+    monkeypatch.setattr(measure, "decode_ours", _fake_decode(calls, seconds))
+    out = tmp_path / "run.json"
+    assert main(["run", "--repeats", "3", *QUICK, "--json", str(out)]) == 0
+    modes = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
+    assert calls[:4] == [(m, 2) for m in modes]  # the warm-up
+    timed = [m for m, n in calls[4:] if n == 128]  # the default answer length
+    assert len(timed) == len(calls) - 4 == 12
+    assert timed == modes + modes[1:] + modes[:1] + modes[2:] + modes[:2]  # rotated per round
+    printed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.split()[:1]
+            and line.split()[0] in modes and not line.startswith("[")}
+    # packed_ss: 100 tokens in 0.8 s against AR's 1.0 s: 1.25x; 50 NFE of 16 ms against AR's 10 ms: break-even 1.6
+    assert rows["packed_ss"][1:5] == ["3", "100", "50", "2.00"] and rows["packed_ss"][8] == "1.25"
+    assert rows["packed_ss"][-2:] == ["1.60", "yes"] and rows["ar"][-2:] == ["-", "-"]
+    assert "Fastest on this machine: packed_ss, 1.25x AR's speed: it reaches 2.00 tokens/NFE where 1.60" in printed
+    assert "One packed_ss call costs 1.60x an AR call here" in printed and "a bare forward of its 8 rows" in printed
+    assert "Timing: median of 3 repeat(s)" in printed
+    import json
+
+    saved = json.loads(out.read_text())
+    assert saved["repeats"] == 3 and len(saved["records"]) == 12 and saved["max_new_tokens"] == 128
+    packed = next(r for r in saved["rows"] if r["schedule"] == "packed_ss")
+    assert packed["speedup"]["low"] <= packed["speedup"]["value"] <= packed["speedup"]["high"]
+    assert saved["probe_s"] and set(saved["probe_s"]) == {"1", "8"}  # 1 row and packed_ss's rows per call
+
+
+def test_run_command_says_when_ar_is_fastest_and_exits_1_on_a_mismatch_2_on_an_error(monkeypatch, capsys):
+    from hf_packed_ss.bench import measure
+
+    seconds = {"ar": 1.0, "linear_ss": 1.6, "quadratic_ss": 2.0, "packed_ss": 1.25}
+    monkeypatch.setattr(measure, "decode_ours", _fake_decode([], seconds, wrong="linear_ss"))
+    assert main(["run", "--repeats", "1", "--schedules", "ar", "packed_ss", "linear_ss", "--no-probe", *QUICK]) == 1
+    printed = capsys.readouterr().out
+    assert "Fastest on this machine: ar" in printed
+    table = printed.split("same as ar")[1]
+    assert table.count("NO") == 1 and "linear_ss" in [line.split()[0] for line in table.splitlines()
+                                                       if line.strip().endswith("NO")]
+    monkeypatch.undo()
+    assert main(["run", "--width", "99", *QUICK]) == 2  # generate's own ValueError: a message, exit code 2
+    assert "speculative_width=99 is out of range" in capsys.readouterr().err
+    monkeypatch.setattr(measure, "decode_ours", _fake_decode([], seconds))
+    assert main(["run", "--repeats", "1", "--schedules", "ar", "packed_ss", "--no-probe", *QUICK]) == 0
+    printed = capsys.readouterr().out
+    assert ("tokens/s); the best speculative schedule, packed_ss, runs at 0.80x AR's speed: it would match AR at "
+            "2.50 tokens/NFE and reaches 2.00.") in printed and "Fastest on this machine: ar (" in printed
+
+
+def test_repeat_statistics_and_auto_repeats():
+    from hf_packed_ss.bench.repeats import median_index, speedup, spread, trimmed_range
+    from hf_packed_ss.bench.statistics import Interval
+    from hf_packed_ss.cli import auto_repeats
+
+    assert median_index([3.0, 1.0, 2.0]) == 2 and median_index([4.0, 1.0, 3.0, 2.0]) == 3  # lower median
+    assert spread([1.0, 5.0, 2.0]) == Interval(2.0, 1.0, 5.0)
+    assert trimmed_range([9.0, 1.0, 2.0, 3.0, 4.0]) == (2.0, 4.0)  # one left out at each end of five
+    up = speedup([10.0, 10.0, 12.0], [20.0, 25.0, 18.0])  # tokens/s of AR and of a schedule, per round
+    assert up.value == 2.0 and (up.low, up.high) == (1.5, 2.5)
+    assert auto_repeats(60.0) == 3 and auto_repeats(0.0) == 3 and auto_repeats(5.0) == 6 and auto_repeats(0.01) == 25
 
 
 def test_run_command_falls_back_to_the_tiny_checkpoint_with_a_hint(monkeypatch, capsys):

@@ -1,10 +1,13 @@
 """The Gradio demo end to end: the app on a free localhost port (in this process), driven with gradio_client.
 
 A race returns texts and statistics for every schedule and the greedy texts are identical (and equal stock
-greedy `generate`); bad input gives a message; two client sessions never see each other's state; Stop ends a long
-race's decode at once.
+greedy `generate`); every schedule is timed several times in rotating rounds and its median run reported with
+the range; bad input gives a message; two client sessions never see each other's state; Stop ends a long race's
+decode at once.
 """
 
+import inspect
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -37,8 +40,8 @@ def client(app) -> Client:
 
 
 def race_args(prompt=demo.EXAMPLES[1], schedules=SCHEDULES, width=0, max_new=MAX_NEW, temperature=0.0, top_k=0,
-              top_p=1.0, seed=0, stop_at_eos=True):
-    return [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos]
+              top_p=1.0, seed=0, stop_at_eos=True, repeats=demo.DEFAULT_REPEATS):
+    return [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, repeats]
 
 
 def stock_greedy(app, prompt: str, max_new: int) -> list[int]:
@@ -48,7 +51,7 @@ def stock_greedy(app, prompt: str, max_new: int) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
-def check_result(app, result: dict, prompt: str) -> None:
+def check_result(app, result: dict, prompt: str, repeats: int = demo.DEFAULT_REPEATS) -> None:
     rows = {r["schedule"]: r for r in result["schedules"]}
     assert list(rows) == SCHEDULES
     reference = stock_greedy(app, prompt, MAX_NEW)
@@ -60,7 +63,14 @@ def check_result(app, result: dict, prompt: str) -> None:
         assert r["wall_s"] > 0 and r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
         assert len(r["kinds"]) == len(r["token_times"]) == r["new_tokens"]
         assert sum(r["tokens_per_call"]) == r["new_tokens"] and len(r["tokens_per_call"]) == r["nfe"]
-        assert r["speedup_vs_ar"] == pytest.approx(rows["ar"]["wall_s"] / r["wall_s"])
+        assert r["speedup_vs_ar"] == pytest.approx(rows["ar"]["wall_s"] / r["wall_s"])  # the median runs
+        # timed `repeats` times; the trace shown is the median run, the range spans the runs
+        assert r["repeats"] == len(r["runs_wall_s"]) == len(r["runs_tokens_per_s"]) == repeats
+        assert r["wall_s"] == statistics.median_low(r["runs_wall_s"])
+        assert r["wall_range"] == [min(r["runs_wall_s"]), max(r["runs_wall_s"])]
+        low, high = r["speedup_range"]
+        ratios = [x / a for a, x in zip(rows["ar"]["runs_tokens_per_s"], r["runs_tokens_per_s"], strict=True)]
+        assert (low, high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
         assert set(r["kinds"]) <= ({"verifier"} if mode == "ar" else {"verifier", "draft", "correction", "bonus"})
     assert result["greedy"] and result["identical"] is True and not result["stopped"]
     assert rows["ar"]["nfe"] == rows["ar"]["new_tokens"]  # one call per token
@@ -73,14 +83,17 @@ def test_race_returns_every_schedule_and_identical_greedy_texts(app):
     assert result["prompt"] == demo.EXAMPLES[1] and result["max_new_tokens"] == MAX_NEW
     check_result(app, result, demo.EXAMPLES[1])
     assert out[VERDICT].startswith("\u2713") and "identical" in out[VERDICT]
-    assert out[STATUS].startswith("Done")
+    assert out[STATUS].startswith("Done. Fastest: **") and f"median of {demo.DEFAULT_REPEATS} timed runs" in out[STATUS]
     assert [row[0] for row in out[TABLE]["data"]] == ["AR", "Linear-SS", "Quadratic-SS", "Packed-SS"]
+    assert "wall s range" in out[TABLE]["headers"] and "speed-up vs AR" in out[TABLE]["headers"]
     lanes = out[PLOT + 1 :]
     finished = [h for h in lanes if 'data-finished="true"' in h]
     assert len(finished) == len(SCHEDULES) and all('class="tok k-' in h for h in finished)
 
     api = c.predict(demo.EXAMPLES[0], SCHEDULES, 0, MAX_NEW, api_name="/decode")  # the API-only endpoint
     check_result(app, api, demo.EXAMPLES[0])
+    once = c.predict(demo.EXAMPLES[0], SCHEDULES, 0, MAX_NEW, 0.0, 0, 1.0, 0, True, 1, api_name="/decode")
+    check_result(app, once, demo.EXAMPLES[0], repeats=1)
 
 
 def test_bad_input_gives_a_message(app):
@@ -95,7 +108,37 @@ def test_bad_input_gives_a_message(app):
         c.predict(demo.EXAMPLES[0], SCHEDULES, 99, MAX_NEW, api_name="/decode")
     with pytest.raises(AppError, match="Unknown schedules"):
         c.predict(demo.EXAMPLES[0], ["beam"], 0, MAX_NEW, api_name="/decode")
+    with pytest.raises(AppError, match="Timed runs per schedule must be 1 to"):
+        c.predict(demo.EXAMPLES[0], SCHEDULES, 0, MAX_NEW, 0.0, 0, 1.0, 0, True, 0, api_name="/decode")
     assert c.predict(*race_args(max_new=4), api_name="/race")[RAW]["identical"]  # the app still works
+
+
+def test_measure_times_rotating_rounds_and_keeps_the_median_run(app):
+    """As the benchmark: round r decodes the schedules in `rotation(schedules, r)` order, each alone; every
+    schedule's returned trace is its median run by tokens/s, with all runs' figures; the defaults are a long
+    enough answer and several runs."""
+    starts = []
+    traces = demo.measure(app.model, app.tokenizer, demo.EXAMPLES[1], SCHEDULES, max_new_tokens=8, repeats=3,
+                          events=lambda kind, mode, n: starts.append((mode, n)) if kind == "start" else None)
+    rounds = [(m, r) for r in range(3) for m in SCHEDULES[r:] + SCHEDULES[:r]]
+    assert starts == rounds
+    for t in traces:
+        assert len(t.runs_wall_s) == 3 and t.tokens_per_s == statistics.median_low(t.runs_tokens_per_s)
+    assert demo.DEFAULT_MAX_NEW_TOKENS >= 128 and demo.DEFAULT_REPEATS >= 3
+    assert inspect.signature(demo.build_app).parameters["max_new_tokens"].default == demo.DEFAULT_MAX_NEW_TOKENS
+    assert inspect.signature(demo.measure).parameters["repeats"].default == demo.DEFAULT_REPEATS
+
+
+def test_fastest_names_ar_when_no_schedule_beats_it():
+    def row(schedule, label, up, low, high):
+        return dict(schedule=schedule, label=label, speedup_vs_ar=up, speedup_range=[low, high], repeats=3)
+
+    result = {"schedules": [row("ar", "AR", 1.0, 1.0, 1.0), row("packed_ss", "Packed-SS", 0.8, 0.75, 0.85)]}
+    assert demo.fastest(result).startswith(" Fastest: **AR**; the best speculative schedule, **Packed-SS**, runs at "
+                                           "0.80\u00d7")
+    result["schedules"][1] = row("packed_ss", "Packed-SS", 1.3, 0.95, 1.4)
+    line = demo.fastest(result)
+    assert line.startswith(" Fastest: **Packed-SS**, 1.30\u00d7") and "within the timing noise of AR" in line
 
 
 def test_sessions_are_isolated(app):

@@ -1,6 +1,7 @@
 """The demo in a real browser: headless Chromium from Debian's `chromium` package (`.ci/run` installs it with
 apt-get), driven by Playwright. Loads the page, shows that bad input gives a message, races the default
-schedules, waits for the end and checks what is rendered; saves the README's screenshot `docs/demo.png`."""
+schedules with the app's defaults (answer length, timed runs per schedule), waits for the end and checks what is
+rendered; saves the README's screenshot `docs/demo.png`."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from hf_packed_ss import bundled, demo
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "demo.png"
-MAX_NEW = 24
+MAX_NEW = demo.DEFAULT_MAX_NEW_TOKENS  # the app's defaults: the README's screenshot shows what a user gets
 pytestmark = [pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")]  # gradio's own pandas deprecations
 assert CHROMIUM.exists(), "the browser test needs Debian's chromium at /usr/bin/chromium: apt-get install chromium"
 
@@ -20,7 +21,7 @@ assert CHROMIUM.exists(), "the browser test needs Debian's chromium at /usr/bin/
 def url():
     name = demo.default_model()
     model, tokenizer = bundled.load(name)
-    blocks = demo.build_app(model, tokenizer, name, replay_s=(1.5, 5.0), max_new_tokens=MAX_NEW)
+    blocks = demo.build_app(model, tokenizer, name, replay_s=(1.5, 5.0))
     yield demo.launch(blocks, block=False, quiet=True)
     blocks.close()
 
@@ -35,6 +36,8 @@ def test_race_in_chromium(url):
             page.goto(url)
             prompt = page.locator("#prompt textarea")
             expect(prompt).to_have_value(demo.EXAMPLES[0], timeout=30_000)
+            expect(page.locator("#max-new-tokens input[type=number]")).to_have_value(str(MAX_NEW))
+            expect(page.locator("#repeats input[type=number]")).to_have_value(str(demo.DEFAULT_REPEATS))
             lanes = {m: page.locator(f"#lane-{m} .race-lane") for m in demo.DEFAULT_SCHEDULES}
 
             # bad input: a message, no traceback, and the page keeps working
@@ -61,10 +64,11 @@ def test_race_in_chromium(url):
             assert lanes["ar"].locator(".tok.k-verifier").count() == int(lanes["ar"].get_attribute("data-tokens"))
             assert lanes["ar"].locator(".tok.k-draft").count() == 0
             summary = page.locator("#summary")
-            for label in ("AR", "Linear-SS", "Quadratic-SS", "Packed-SS", "speed-up vs AR"):
+            for label in ("AR", "Linear-SS", "Quadratic-SS", "Packed-SS", "speed-up vs AR", "wall s range"):
                 expect(summary).to_contain_text(label)
             expect(page.locator("#chart img")).to_be_visible()
-            expect(page.locator("#race-status")).to_contain_text("Done")
+            expect(page.locator("#race-status")).to_contain_text("Done. Fastest:")
+            expect(page.locator("#race-status")).to_contain_text(f"median of {demo.DEFAULT_REPEATS} timed runs")
             page.locator("#chart img").scroll_into_view_if_needed()
             page.evaluate("window.scrollTo(0, 0)")
             SCREENSHOT.parent.mkdir(exist_ok=True)
