@@ -40,6 +40,7 @@ from functools import lru_cache
 import torch
 
 from ..plan import CallPlan, CallResult
+from .mask import MaskBuffer
 
 
 @dataclass
@@ -88,6 +89,7 @@ class NemotronLayout:
     def __init__(self, mask_token_id: int, static_shapes: bool = False):
         self.mask_token_id = mask_token_id
         self.static_shapes = static_shapes
+        self.masks = MaskBuffer()  # one per decode: a call's mask is a view, valid until the next build
 
     def build(self, plan: CallPlan, prefix: torch.Tensor, cache_len: int) -> PackedCall:
         """Lay out `plan` after `prefix` (1D, the verified prefix P) whose first `cache_len` tokens are cached."""
@@ -119,8 +121,7 @@ class NemotronLayout:
         input_ids = torch.cat(pieces)[None]
         first = cache_len if plan.verify else n - 1  # position of row 0; P's last token sits at n - 1
         positions, new_mask = _template(plan.verify, t, slots, plan.proposals, n - 1 - first, device)
-        q = input_ids.shape[1]
-        mask = torch.cat([torch.ones(q, cache_len, dtype=torch.bool, device=device), new_mask], dim=1)
+        mask = self.masks.mask(new_mask, cache_len)
         return PackedCall(
             input_ids=input_ids,
             position_ids=(positions + first)[None],

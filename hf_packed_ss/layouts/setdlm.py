@@ -34,6 +34,7 @@ from functools import lru_cache
 import torch
 
 from ..plan import WindowPlan
+from .mask import MaskBuffer
 from .nemotron import PackedCall
 
 ROW_N, ROW_O, ROW_M, ROW_R = 0, 1, 2, 3  # row kinds
@@ -52,6 +53,7 @@ class SetDLMLayout:
     def __init__(self, mask_token_id: int, static_shapes: bool = False):
         self.mask_token_id = mask_token_id
         self.static_shapes = static_shapes
+        self.masks = MaskBuffer()  # one per decode: a call's mask is a view, valid until the next build
 
     def build(self, plan: WindowPlan, pending: torch.Tensor, pending_positions: torch.Tensor, origin: int,
               cache_len: int) -> PackedCall:
@@ -71,9 +73,7 @@ class SetDLMLayout:
         ids += [self.mask_token_id] * (m + sum(map(len, rows)))
         ranks = list(o_ranks) + list(range(m)) + [r for region in rows for r in region]
         positions = torch.tensor([plan.order[r] for r in ranks], dtype=torch.long, device=device) + origin
-        q = new.shape[0]
-        mask = torch.ones(q, cache_len + q, dtype=torch.bool, device=device)
-        mask[:, cache_len:] = new
+        mask = self.masks.mask(new, cache_len)
         first_logit = p + len(o_ranks)  # M and R rows follow N and O
         kept, row, slices = list(range(first_logit, first_logit + m)), first_logit + m, []
         for laid, read in zip(rows, used, strict=True):
