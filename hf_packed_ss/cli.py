@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .generation import MODES
-from .schedules import SCHEDULES
+from .schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES
 
 # GSM8K test question 0 (MIT licence), the benchmark's first prompt: SmolLM2's answer runs the full 128 tokens,
 # where the old short default ended after 21 tokens, too short to time a speculative schedule.
@@ -32,6 +32,9 @@ QUESTION = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfas
             "fresh duck egg. How much in dollars does she make every day at the farmers' market?")
 DRAFTER, TINY = "smollm2-135m-drafter", "tiny-nemotron-gsm8k"
 NOT_EXACT = {"native"}  # SetDLM's own decoder: its tokens may differ from AR's, which is no failure
+# `run` decodes every prefix-family schedule but the hybrid by default (each schedule adds its share to the default
+# run's few minutes on a 2-core CPU); `--schedules ... hybrid_ss:K` adds it.
+RUN_DEFAULT = [s for s in SCHEDULES if s != HYBRID]
 
 
 def default_model() -> str:
@@ -295,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"when the SmolLM2 base is installed, else {TINY})")
     run.add_argument("--prompt", default=None, help="raw prompt text (default: GSM8K test question 0, in the "
                      "model's prompt format: the chat template after four worked examples, as the benchmark)")
-    run.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=MODES)
+    from .bench.measure import schedule_name
+
+    run.add_argument("--schedules", nargs="+", default=RUN_DEFAULT, type=schedule_name, metavar="SCHEDULE",
+                     help=f"from {MODES}; {HYBRID}:K for K proposal branches (a bare {HYBRID} is "
+                     f"{HYBRID}:{DEFAULT_BRANCHES}) (default: {' '.join(RUN_DEFAULT)})")
     run.add_argument("--width", type=int, default=None, help="speculative width W (default: the model's)")
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--repeats", type=int, default=None, help="timed decodes per schedule, interleaved; the "

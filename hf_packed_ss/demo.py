@@ -31,12 +31,12 @@ from .bench.repeats import median_index, speedup, spread
 from .bench.statistics import rotation
 from .cli import load_model
 from .generation import family
-from .schedules import SCHEDULES
+from .schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES
 
 DEFAULT_MODELS = ("tiny-nemotron-gsm8k", "tiny-nemotron-random")
 LABELS = {"ar": "AR", "linear_ss": "Linear-SS", "quadratic_ss": "Quadratic-SS", "packed_ss": "Packed-SS",
-          "native": "Native (SetDLM)"}
-ORDER = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "native"]
+          HYBRID: "Hybrid-SS", "native": "Native (SetDLM)"}
+ORDER = ["ar", "linear_ss", "quadratic_ss", "packed_ss", HYBRID, "native"]
 DEFAULT_SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
 # An answer long enough to time a speculative schedule (at 24 tokens the prefill and the first calls dominate),
 # and timed runs per schedule: the median is reported, the range shows the noise.
@@ -91,6 +91,7 @@ class Trace:
     schedule: str
     label: str
     width: int
+    branches: int = 0  # speculative_branches k of hybrid_ss (0 for the other schedules)
     tokens: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
@@ -191,13 +192,18 @@ def sampling_kwargs(temperature: float, top_k: int, top_p: float) -> dict:
 
 def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | None, max_new_tokens: int,
                sampling: dict, seed: int = 0, stop_at_eos: bool = True, stop: threading.Event | None = None,
-               progress: Callable[[int], None] | None = None) -> Trace:
-    """Decode `ids` with one schedule, timing every model call and every accepted token."""
+               progress: Callable[[int], None] | None = None, branches: int | None = None) -> Trace:
+    """Decode `ids` with one schedule, timing every model call and every accepted token. `branches` is
+    hybrid_ss's speculative_branches k (None: its default); the other schedules ignore it."""
     fam = family(model.config)
     trace = Trace(mode, LABELS.get(mode, mode), 0)
     kwargs = dict(assistant_mode=mode, max_new_tokens=int(max_new_tokens), return_dict_in_generate=True, **sampling)
     if mode != "ar" and width:
         kwargs["speculative_width"] = int(width)
+    if mode == HYBRID:
+        trace.branches = int(branches or DEFAULT_BRANCHES)
+        trace.label = f"{LABELS[HYBRID]} (k={trace.branches})"
+        kwargs["speculative_branches"] = trace.branches
     if sampling.get("do_sample"):
         kwargs["generator"] = torch.Generator(device=ids.device).manual_seed(int(seed))
     if not stop_at_eos:
@@ -236,10 +242,10 @@ def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | N
 def measure(model, tokenizer, prompt: str, schedules: list[str], *, width: int | None = None,
             max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0, top_k: int = 0,
             top_p: float = 1.0, seed: int = 0, stop_at_eos: bool = True, repeats: int = DEFAULT_REPEATS,
-            stop: threading.Event | None = None,
-            events: Callable[[str, str, int], None] | None = None) -> list[Trace]:
+            stop: threading.Event | None = None, events: Callable[[str, str, int], None] | None = None,
+            branches: int | None = None) -> list[Trace]:
     """Decode `prompt` with every schedule, `repeats` rounds, each decode alone (holding `DECODE_LOCK`); round r
-    runs the schedules in `bench.statistics.rotation` order, as the benchmark does.
+    runs the schedules in `bench.statistics.rotation` order, as the benchmark does. `branches`: hybrid_ss's k.
 
     Returns one Trace per schedule, in the order given: its median run by tokens/s (the lower median, so a real
     run whose timeline the race replays), with every run's wall time and tokens/s in `runs_wall_s` and
@@ -260,7 +266,7 @@ def measure(model, tokenizer, prompt: str, schedules: list[str], *, width: int |
                 progress = (lambda n, m=mode: events("tokens", m, n)) if events else None
                 trace = decode_one(model, tokenizer, ids, mode, width=width, max_new_tokens=max_new_tokens,
                                    sampling=sampling, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
-                                   progress=progress)
+                                   progress=progress, branches=branches)
                 if trace.stopped:
                     cut[mode] = trace
                     break
@@ -423,7 +429,8 @@ def lane_html(t: Trace | None, schedule: str, at: float | None = None, note: str
     ordinal = {1: "1st", 2: "2nd", 3: "3rd"}.get(place, f"{place}th") if place else "done"
     flag = "" if not done else "stopped" if t.stopped else f"finished {ordinal}"
     share = 100 * n / max(1, total or len(t.tokens))
-    width = "" if schedule == "ar" else f'<span class="lane-meta">W = {t.width}</span>'
+    meta = f"W = {t.width}" + (f", k = {t.branches}" if t.branches else "")
+    width = "" if schedule == "ar" else f'<span class="lane-meta">{meta}</span>'
     return (f'<div class="race-lane" data-schedule="{schedule}" data-finished="{str(done).lower()}" '
             f'data-tokens="{n}" data-nfe="{nfe}">'
             f'<div class="lane-head"><span class="lane-name">{label}</span>{width}'
@@ -489,7 +496,8 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
     if warmup:
         warm_up(model, tokenizer, modes)
 
-    def parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs) -> dict:
+    def parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs,
+              branches=DEFAULT_BRANCHES) -> dict:
         chosen = [m for m in ORDER if m in (schedules or [])]
         if not chosen:
             raise gr.Error("Choose at least one schedule.")
@@ -497,7 +505,7 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
             raise gr.Error(f"Timed runs per schedule must be 1 to {MAX_REPEATS} (got {runs}).", title="Bad input")
         return dict(prompt=prompt or "", schedules=chosen, width=int(width or 0) or None, max_new_tokens=int(max_new),
                     temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p), seed=int(seed or 0),
-                    stop_at_eos=bool(stop_at_eos), repeats=int(runs))
+                    stop_at_eos=bool(stop_at_eos), repeats=int(runs), branches=int(branches or 0) or None)
 
     def result_of(settings: dict, traces: list[Trace]) -> dict:
         result = summary(traces, greedy=settings["temperature"] <= 0)
@@ -547,6 +555,10 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                 runs = gr.Slider(1, MAX_REPEATS, value=repeats, step=1, label="Timed runs per schedule",
                                  info="the median run is reported and replayed; the range shows the timing noise",
                                  elem_id="repeats")
+                branches = gr.Slider(1, widest + 1, value=DEFAULT_BRANCHES, step=1, label="Hybrid-SS branches k",
+                                     info=f"proposal branches 0..k-1: 1 = Packed-SS's single branch, W + 1 = "
+                                     f"Quadratic-SS's full set (at most W + 1; default {DEFAULT_BRANCHES})",
+                                     elem_id="branches", visible=HYBRID in modes)
                 with gr.Accordion("Sampling", open=False):
                     temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
                     with gr.Row():
@@ -594,8 +606,9 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                    **{lanes[m]: h for m, h in htmls.items()}}  # the finished columns: the event's final state
 
         def race(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs,
-                 request: gr.Request):
-            settings = parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs)
+                 branches=DEFAULT_BRANCHES, request: gr.Request = None):
+            settings = parse(prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs,
+                             branches)
             key = request.session_hash if request is not None else "-"
             stop = _register(key)
             events: queue.Queue = queue.Queue()
@@ -609,7 +622,8 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                                             temperature=settings["temperature"], top_k=settings["top_k"],
                                             top_p=settings["top_p"], seed=settings["seed"],
                                             stop_at_eos=settings["stop_at_eos"], repeats=settings["repeats"],
-                                            stop=stop, events=lambda *e: events.put(e))
+                                            stop=stop, events=lambda *e: events.put(e),
+                                            branches=settings["branches"])
                 except Exception as err:  # reported to the user below, never as a traceback
                     box["error"] = err
                 finally:
@@ -687,7 +701,7 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
                 event.set()
             return "Stopped."
 
-        inputs = [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs]
+        inputs = [prompt, schedules, width, max_new, temperature, top_k, top_p, seed, stop_at_eos, runs, branches]
         race_event = race_btn.click(race, inputs, race_outputs, api_name="race", concurrency_limit=race_concurrency,
                                     concurrency_id="race")
         replay_event = replay_btn.click(replay, [last], race_outputs, api_name="replay",
@@ -696,19 +710,20 @@ def build_app(model, tokenizer, model_name: str = "model", *, replay_s: tuple[fl
 
         def decode(prompt: str, schedules: list[str], width: int = 0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                   stop_at_eos: bool = True, repeats: int = DEFAULT_REPEATS) -> dict:
+                   stop_at_eos: bool = True, repeats: int = DEFAULT_REPEATS, branches: int = DEFAULT_BRANCHES) -> dict:
             """Measure a race without the replay; returns texts and statistics for every schedule (each one's
-            median run of `repeats`, with every run's wall time and tokens/s)."""
+            median run of `repeats`, with every run's wall time and tokens/s; `branches` = hybrid_ss's k)."""
             unknown = [s for s in schedules if s not in modes]
             if unknown:
                 raise gr.Error(f"Unknown schedules {unknown}; this model offers {modes}.", title="Bad input")
             settings = parse(prompt, schedules, width, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                             repeats)
+                             repeats, branches)
             try:
                 traces = measure(model, tokenizer, settings["prompt"], settings["schedules"], width=settings["width"],
                                  max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"],
                                  top_k=settings["top_k"], top_p=settings["top_p"], seed=settings["seed"],
-                                 stop_at_eos=settings["stop_at_eos"], repeats=settings["repeats"])
+                                 stop_at_eos=settings["stop_at_eos"], repeats=settings["repeats"],
+                                 branches=settings["branches"])
             except ValueError as err:
                 raise gr.Error(str(err), title="Bad input") from None
             return result_of(settings, traces)

@@ -29,14 +29,15 @@ from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
 from .order import ORDERS
 from .runner import Forward, run
-from .schedules import SCHEDULES, WINDOW_SCHEDULES
+from .schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES, WINDOW_SCHEDULES, check_branches
 from .stats import DecodingStats
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
           "assistant_model")
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
-            "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None}
+            "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
+            "speculative_branches": None}
 QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
 NATIVE_THRESHOLD = 0.9  # appendix E.6
 
@@ -159,6 +160,11 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
            f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
     )
+    branches = options["speculative_branches"]
+    _reject(branches is not None and mode != HYBRID,
+            f"speculative_branches only applies to assistant_mode={HYBRID!r} (got {mode!r}): drop it.")
+    if branches is not None:
+        check_branches(branches, width)  # [1, W + 1]
     order = options["verify_order"]
     _reject(order is not None and order not in ORDERS,
             f"Unknown verify_order={order!r}; choose one of {sorted(ORDERS)}.")
@@ -364,7 +370,7 @@ def new_token_budget(model, model_config, config: GenerationConfig, input_ids: t
 
 
 def speculative_generate(model, stock_generate, *args, **kwargs):
-    """`generate` with our options (`assistant_mode`, `speculative_width`, `verify_order`,
+    """`generate` with our options (`assistant_mode`, `speculative_width`, `speculative_branches`, `verify_order`,
     `confidence_threshold`, `stop_sequences`); `stock_generate` untouched without `assistant_mode`.
 
     Precedence: explicit kwargs > the `generation_config` passed > `model.generation_config`.
@@ -380,6 +386,8 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     config_mode = getattr(base, "assistant_mode", None)
     if given.get("speculative_width") is None and config_mode not in (None, options["assistant_mode"]):
         options["speculative_width"] = None  # the config's width was chosen for its own mode; use this one's default
+    if given.get("speculative_branches") is None and config_mode not in (None, options["assistant_mode"]):
+        options["speculative_branches"] = None  # so were its branches (a hybrid_ss config, another mode asked)
     if options["assistant_mode"] is None:
         _reject(bool(explicit), f"{explicit} only apply with assistant_mode=...: set assistant_mode or drop them.")
         if options["stop_sequences"]:  # stock generate gets the same criterion
@@ -431,6 +439,8 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
             extra["stop_at_eos"] = options["stop_at_eos"] is not False
             extra["native_context"] = options["native_context"] or "full"
             extra["config"] = decoder.config  # the sizes native_cache_order / native_context read
+    if mode == HYBRID:
+        extra["speculative_branches"] = options["speculative_branches"] or DEFAULT_BRANCHES
     schedule = fam.schedules[mode](width, acceptance, **extra)
     candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
     with torch.inference_mode(), proposal_only_adapters(decoder):

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .bench.suites import GSM8K_TEST, SAMPLE, question_ids, read_jsonl
+from .bench.suites import SAMPLE, question_ids, read_jsonl
+from .paths import GSM8K_HELP, gsm8k_split
 
 TEST_SIZE = 1319  # questions in the GSM8K test split
 FIRST = range(0, 10)  # issue 5's bar: the first 10 test questions
@@ -64,15 +65,18 @@ def seen_test_indices() -> set[int]:
 
 def gsm8k_questions(file: Path | None = None, limit: int = 10) -> list[str]:
     """The first `limit` GSM8K test questions (bare; `question_ids` puts them in each model's format), from the
-    shared test split, else from the bundled sample (its first 20 questions) when the repository stands alone."""
-    file = file or (GSM8K_TEST if GSM8K_TEST.is_file() else SAMPLE)
+    GSM8K test split (`paths.gsm8k_split("test")`: ``$HF_PACKED_SS_GSM8K/test.jsonl``, by default the shared one
+    beside the checkout), else from the bundled sample (its first 20 questions) when the repository stands alone."""
+    test = gsm8k_split("test")
+    file = file or (test if test.is_file() else SAMPLE)
     return [row["question"] for row in read_jsonl(Path(file))[:limit]]
 
 
 def held_out_questions(limit: int | None = None, file: Path | None = None) -> list[str]:
     """The first `limit` of the `HELD_OUT` questions (test 1299-1318): from `file` (a full test split, or
     `HELD_OUT_FILE`), by default the shared test split when it is there, else the bundled copy of those 20."""
-    file = Path(file) if file else (GSM8K_TEST if GSM8K_TEST.is_file() else HELD_OUT_FILE)
+    test = gsm8k_split("test")
+    file = Path(file) if file else (test if test.is_file() else HELD_OUT_FILE)
     rows = read_jsonl(file)
     if file != HELD_OUT_FILE:
         if len(rows) != TEST_SIZE:
@@ -212,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     from .cli import load_model
     from .generation import default_width
 
-    p = argparse.ArgumentParser(prog="python -m hf_packed_ss.quality", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hf_packed_ss.quality", description=__doc__.splitlines()[0],
+                                epilog=f"GSM8K test split: test.jsonl in {GSM8K_HELP}; without it, the questions "
+                                       "shipped in hf_packed_ss/bench/data/.")
     p.add_argument("model", help="bundled checkpoint name or local folder")
     p.add_argument("--schedules", nargs="+", default=["ar", "linear_ss", "quadratic_ss", "packed_ss"])
     p.add_argument("--width", type=int, default=None, help="default: the checkpoint's generation config")

@@ -31,7 +31,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,15 +41,23 @@ from transformers import GenerationConfig
 from .base_answers import generate_answers, train_questions
 from .bench.suites import read_jsonl
 from .bundled import gsm8k_texts, train_tokenizer, yarn_rope
+from .paths import GSM8K_ENV, GSM8K_HELP, gsm8k_split
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
+HELP = {"data": f"GSM8K train split, JSON lines (default: train.jsonl in {GSM8K_HELP}; now %(default)s)"}
+
+
+def __getattr__(name: str):
+    """`DATA`: the default `--data`, `paths.gsm8k_split("train")` (read when asked for)."""
+    if name == "DATA":
+        return gsm8k_split("train")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
 class TrainConfig:
     format: str = "nemotron"
     out: str = "runs/tiny"
-    data: str = str(DATA)
+    data: str = field(default_factory=lambda: str(gsm8k_split("train")))  # $HF_PACKED_SS_GSM8K/train.jsonl
     steps: int = 3000
     batch: int = 16
     seq_len: int = 256
@@ -300,6 +308,9 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if not Path(cfg.data).is_file():
+        raise SystemExit(f"GSM8K train file not found at {cfg.data}: pass --data FILE or set {GSM8K_ENV} to the "
+                         "folder holding train.jsonl.")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.format == "drafter":
@@ -381,7 +392,7 @@ def save(model, tokenizer, cfg: TrainConfig, out: Path, width: int | None = None
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="hf-packed-ss train", description=__doc__.split("\n")[0])
     for name, value in asdict(TrainConfig()).items():
-        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value, help=HELP.get(name))
     parser.add_argument("--resume", action="store_true", help="continue from OUT/trainer_state.pt")
     args = vars(parser.parse_args(argv))
     resume = args.pop("resume")

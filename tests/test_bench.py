@@ -192,6 +192,32 @@ def test_suites(tmp_path):
     assert load_suite("gsm8k", data=str(SAMPLE), limit=3)[2].id == "gsm8k/2"  # --data replaces the shared file
 
 
+def test_the_gsm8k_folder_comes_from_one_environment_variable(tmp_path, monkeypatch):
+    """`HF_PACKED_SS_GSM8K` names the folder of train.jsonl / test.jsonl for the bench, quality and train (read
+    when used); unset, it is ../shared/data/gsm8k beside the source checkout; without the files the tools that can
+    fall back to the bundled questions do, and `--suite gsm8k` says what to set."""
+    from hf_packed_ss import paths, quality
+    from hf_packed_ss.bench import suites
+    from hf_packed_ss.train import TrainConfig
+
+    rows = [{"question": f"Q{i}?", "answer": f"#### {i}"} for i in range(3)]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv(paths.GSM8K_ENV, str(tmp_path))
+    assert paths.gsm8k_folder() == tmp_path
+    assert suites.GSM8K_TEST == paths.gsm8k_split("test") == tmp_path / "test.jsonl"
+    assert [p.question for p in load_suite("gsm8k")] == ["Q0?", "Q1?", "Q2?"]
+    assert quality.gsm8k_questions(limit=2) == ["Q0?", "Q1?"]
+    assert TrainConfig().data == str(tmp_path / "train.jsonl")
+    assert load_suite("gsm8k", data=str(SAMPLE), limit=1)[0].question != "Q0?"  # --data still wins
+    monkeypatch.setenv(paths.GSM8K_ENV, str(tmp_path / "missing"))
+    with pytest.raises(SystemExit, match=paths.GSM8K_ENV):
+        load_suite("gsm8k")
+    assert quality.gsm8k_questions(limit=1) == [load_suite("sample", limit=1)[0].question]  # the bundled sample
+    monkeypatch.delenv(paths.GSM8K_ENV)
+    assert paths.gsm8k_folder() == paths.source_checkout().parent / "shared" / "data" / "gsm8k"
+
+
 def test_gsm8k_questions_in_a_chat_template_follow_worked_examples():
     from transformers import AutoTokenizer
 
@@ -237,6 +263,80 @@ def test_cost_model_fit_and_row_formulas():
     assert best["schedule"] == "packed_ss"  # one call of 2B rows beats two calls of B rows and B(B+1) rows
 
 
+STEADY = [("ar", {}), ("linear_ss", {}), ("packed_ss", {}), ("quadratic_ss", {}),
+          ("hybrid_ss", {"speculative_branches": 2})]
+
+
+def _steady_iterations(stats, calls: int, width: int, any_order: bool, length: int) -> list[tuple[int, list[int]]]:
+    """(tokens the previous iteration accepted, rows of each call) of every iteration after the second whose
+    window is not cut by the end of the output."""
+    accepted, out = stats.accepted_per_iteration, []
+    first = stats.nfe - calls * (len(accepted) - 1)  # calls of the first iteration
+    for j in range(2, len(accepted)):
+        if not (any_order and sum(accepted[:j]) + width > length):
+            start = first + calls * (j - 1)
+            out.append((accepted[j - 1], stats.rows_per_call[start : start + calls]))
+    return out
+
+
+@pytest.mark.parametrize("any_order", [False, True], ids=["nemotron", "setdlm"])
+@pytest.mark.parametrize("static", [False, True], ids=["lean", "static"])
+@pytest.mark.parametrize(("mode", "options"), STEADY, ids=[m for m, _ in STEADY])
+def test_rows_per_iteration_is_what_a_real_decode_lays_out(mode, options, static, any_order):
+    """The probe's rows per steady-state iteration are what a real decode on a tiny random model reports in
+    `decoding_stats.rows_per_call` (lean shapes through `generate`, static ones through the runner): exactly, after
+    an iteration that accepted one token (its first draft token rejected), and the largest iteration otherwise."""
+    from conftest import MASK, SETDLM_MASK, tiny_model, tiny_setdlm
+
+    from hf_packed_ss.acceptance import Greedy
+    from hf_packed_ss.any_order_runner import run_any_order
+    from hf_packed_ss.generation import model_forward
+    from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
+    from hf_packed_ss.runner import run
+    from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES
+
+    width, length = (8, 40) if any_order else (7, 40)
+    model = tiny_setdlm(0) if any_order else tiny_model(0)
+    prompt = torch.randint(0, 39, (5,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        if not static:
+            stats = model.generate(prompt[None], max_new_tokens=length, assistant_mode=mode, speculative_width=width,
+                                   return_dict_in_generate=True, **options).decoding_stats
+        elif any_order:
+            schedule = WINDOW_SCHEDULES[mode](width, Greedy(), "ltr", **options)
+            stats = run_any_order(model_forward(model), schedule, SetDLMLayout(SETDLM_MASK, static_shapes=True),
+                                  prompt, length)[1]
+        else:
+            schedule = SCHEDULES[mode](width, **options)
+            stats = run(model_forward(model), schedule, NemotronLayout(MASK, static_shapes=True), prompt, length)[1]
+    predicted = rows_per_iteration(mode, width, any_order, static_shapes=static, **options)
+    steady = _steady_iterations(stats, len(predicted), width, any_order, length)
+    assert len(steady) >= 3, stats.accepted_per_iteration
+    largest = [max(column) for column in zip(*(rows for _, rows in steady), strict=True)]
+    assert largest == predicted, (predicted, steady)
+    assert predicted in [rows for _, rows in steady]
+    assert all(rows == predicted for before, rows in steady if before == 1), (predicted, steady)
+
+
+def test_probe_predicts_with_the_layouts_default_shapes():
+    """`formula_predictions` uses the layout's default (lean) shapes unless told otherwise; static shapes give
+    appendix D.3's counts."""
+    from hf_packed_ss.bench.probe import layout_default_static_shapes
+
+    assert layout_default_static_shapes() is False and layout_default_static_shapes(any_order=True) is False
+    w, b, u = 7, 8, 7
+    rows = {(r["schedule"], r["width"]): r["rows_per_iteration"] for r in formula_predictions(0.002, 1e-4, w, 0.7)}
+    assert rows[("packed_ss", w)] == 2 * b - 1 and rows[("quadratic_ss", w)] == b * (b + 1)
+    static = formula_predictions(0.002, 1e-4, w, 0.7, any_order=True, static_shapes=True)
+    rows = {(r["schedule"], r["width"]): r["rows_per_iteration"] for r in static}
+    assert rows[("packed_ss", w)] == 1 + 3 * u and rows[("quadratic_ss", w)] == 1 + 2 * u + u * u
+    assert rows[("linear_ss", w)] == (1 + u) + 2 * u and rows[("ar", 0)] == 2
+    assert rows_per_iteration("packed_ss", w, any_order=True, static_shapes=False) == [3 * u - 1]
+    assert rows_per_iteration("quadratic_ss", w, any_order=True, static_shapes=False) == [2 * u + u * (u - 1) // 2]
+    with pytest.raises(ValueError, match="no steady state"):
+        rows_per_iteration("native", w, any_order=True)
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -246,9 +346,9 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
                      "--repeats", "1", "--out", str(out), "--no-progress"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
-    schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "stock", "prompt_lookup"]
+    schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss:2", "stock", "prompt_lookup"]
     assert results["schedules"] == schedules and not results["errors"], results["errors"]
-    assert results["complete_prompts"] == [0, 1] and len(results["records"]) == 12
+    assert results["complete_prompts"] == [0, 1] and len(results["records"]) == 14
     assert [o["order"] for o in results["orders"]] == [schedules, schedules[1:] + schedules[:1]]
     for r in results["records"]:
         assert r["new_tokens"] == 8 and r["nfe"] >= 1 and r["decoder_time_s"] > 0
@@ -259,7 +359,8 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert agg["linear_ss"]["max_rows_per_call_after_first"] == 16  # B = W + 1 = 16 on the bundled model
     assert agg["packed_ss"]["max_rows_per_call_after_first"] == 32
     assert agg["quadratic_ss"]["max_rows_per_call_after_first"] == 72
-    assert all(agg[s]["differs_from_ar"] == 0 for s in ("linear_ss", "quadratic_ss", "packed_ss"))  # exact
+    assert agg["hybrid_ss:2"]["max_rows_per_call_after_first"] == 48  # B + kB, k = 2
+    assert all(agg[s]["differs_from_ar"] == 0 for s in ("linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss:2"))
     assert all(agg[s]["differs_from_ar"] is not None for s in ("stock", "prompt_lookup"))
     assert results["ratios"]["linear_ss"]["throughput"] == {"value": 1.0, "low": 1.0, "high": 1.0}
     assert results["bootstrap"]["resamples"] == 20_000

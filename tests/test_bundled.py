@@ -258,3 +258,58 @@ def test_none_options_fall_back_to_the_generation_config():
     assert other.decoding_stats.width == 7  # the config's width is for packed_ss; quadratic_ss keeps B = 8
     stock = model.generate(ids, max_new_tokens=4, assistant_mode=None, speculative_width=None)
     assert stock.shape == (1, 4 + ids.shape[1])
+
+
+def _package_files() -> list[str]:
+    return sorted(str(p.relative_to(bundled.HERE)) for p in bundled.HERE.rglob("*") if "__pycache__" not in p.parts)
+
+
+def test_bundle_writes_only_where_it_is_told(tmp_path):
+    """`bundle` / `bundle_drafter` / `build_random` refuse to run without a destination and never write into the
+    installed package; `python -m hf_packed_ss.bundled` needs --out and writes only FOLDER/NAME."""
+    from conftest import tiny_model
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from hf_packed_ss.bundled.__main__ import main as bundled_main
+
+    run = tmp_path / "run"
+    model = tiny_model(0)
+    model.generation_config = GenerationConfig(assistant_mode="packed_ss", speculative_width=3)  # as a trained run
+    model.save_pretrained(run)
+    bundled.load("tiny-nemotron-random")[1].save_pretrained(run)
+    (run / "training_args.json").write_text("{}")
+    before = _package_files()
+    with pytest.raises(ValueError, match="out="):
+        bundled.bundle(run, "tiny-test")
+    with pytest.raises(ValueError, match="out="):
+        bundled.bundle_drafter(run, "tiny-test")
+    with pytest.raises(ValueError, match="out="):
+        bundled.build_random(tmp_path / "train.jsonl")
+    with pytest.raises(SystemExit):  # argparse: --out is required
+        bundled_main(["--run", str(run), "--name", "tiny-test"])
+    folder = bundled.bundle(run, "tiny-test", width=5, out=tmp_path / "dest")
+    assert folder == tmp_path / "dest" / "tiny-test"
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["tiny-test"]
+    for file in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json"):
+        assert (folder / file).is_file(), file
+    assert GenerationConfig.from_pretrained(folder).speculative_width == 5
+    assert AutoModelForCausalLM.from_pretrained(folder).dtype == torch.bfloat16
+    assert bundled_main(["--out", str(tmp_path / "cli"), "--run", str(run), "--name", "tiny-cli"]) == 0
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == ["tiny-cli"]
+    assert (tmp_path / "cli" / "tiny-cli" / "model.safetensors").is_file()
+    assert _package_files() == before and "tiny-test" not in bundled.names()
+
+
+def test_publish_reads_model_cards_from_the_folder_given(tmp_path):
+    from hf_packed_ss import publish
+
+    assert publish.CARDS is not None and publish.card("tiny-nemotron-random") == (
+        publish.CARDS / "tiny-nemotron-random" / "README.md")
+    (tmp_path / "tiny-nemotron-random").mkdir()
+    (tmp_path / "tiny-nemotron-random" / "README.md").write_text("---\nlicense: mit\n---\nA card.\n")
+    out = tmp_path / "hub"
+    assert main(["publish", "tiny-nemotron-random", "--repo-id", "someone/x", "--local-dir", str(out),
+                 "--cards", str(tmp_path)]) == 0
+    assert (out / "README.md").read_text().endswith("A card.\n") and (out / "model.safetensors").is_file()
+    with pytest.raises(FileNotFoundError, match="--cards"):
+        publish.card("tiny-nemotron-random", tmp_path / "none")

@@ -37,6 +37,8 @@ def test_rows_per_call(width):
             assert set(later) == {B} and len(later) == 2 * (len(stats.accepted_per_iteration) - 1)
         elif mode == "packed_ss":  # one call of at most 2B rows per iteration
             assert max(later) <= 2 * B and len(later) == len(stats.accepted_per_iteration) - 1
+        elif mode == "hybrid_ss":  # default k = 2 branches: one call of at most B + 2B rows per iteration
+            assert max(later) <= 3 * B and len(later) == len(stats.accepted_per_iteration) - 1
         else:  # quadratic_ss: one call of B(B + 1) rows
             assert set(later) == {B * (B + 1)} and len(later) == len(stats.accepted_per_iteration) - 1
 

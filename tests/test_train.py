@@ -109,3 +109,18 @@ def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path
     seen = []
     rows = generate_answers(model, tokenizer, questions, out, max_new_tokens=6, log=seen.append)
     assert [r["question"] for r in rows] == questions and seen == ["base answers: 3/3"]
+
+
+def test_train_data_defaults_to_the_gsm8k_folder_variable(tmp_path, monkeypatch, capsys):
+    """`--data` defaults to train.jsonl in $HF_PACKED_SS_GSM8K (read when the command runs; `--help` shows it),
+    and a missing file stops the run before anything is written."""
+    from hf_packed_ss import train as train_module
+
+    monkeypatch.setenv("HF_PACKED_SS_GSM8K", str(tmp_path))
+    with pytest.raises(SystemExit):
+        train_module.main(["--help"])
+    assert "HF_PACKED_SS_GSM8K" in capsys.readouterr().out
+    assert TrainConfig().data == str(tmp_path / "train.jsonl")
+    with pytest.raises(SystemExit, match="HF_PACKED_SS_GSM8K"):
+        train_module.train(TrainConfig(out=str(tmp_path / "run"), **TINY), log=lambda *_: None)
+    assert not (tmp_path / "run").exists()

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from ..generation import MODES, family
+from ..schedules import DEFAULT_BRANCHES, HYBRID
 from . import report
 from .grading import grade
-from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved
+from .measure import PEERS, Measurement, Settings, decoder_for, run_interleaved, schedule_mode, schedule_name
 from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
 from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, load_suite, question_ids
 
@@ -32,15 +33,19 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
     p.add_argument("--suite", default="sample", help=f"one of {SUITES}; `sample` is 20 bundled GSM8K questions")
-    p.add_argument("--data", default=None, help="the GSM8K (or HumanEval) file to read instead of the default")
+    p.add_argument("--data", default=None, help="the GSM8K (or HumanEval) file to read instead of the default "
+                                                "(--suite gsm8k: test.jsonl in $HF_PACKED_SS_GSM8K, else "
+                                                "../shared/data/gsm8k beside the source checkout)")
     p.add_argument("--prompt-field", default="prompt", help="field holding the prompt in a jsonl:<file> suite")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="put each prompt in the tokenizer's chat template (default: when the tokenizer has one; "
                         "GSM8K questions then follow --shots worked examples)")
     p.add_argument("--shots", type=int, default=CHAT_SHOTS, choices=range(5), metavar="K",
                    help="worked GSM8K train examples before each GSM8K question in a chat template (0 to 4)")
-    p.add_argument("--schedules", nargs="+", default=None, choices=MODES + list(PEERS), metavar="SCHEDULE",
-                   help=f"from {MODES + list(PEERS)} (default: ar linear_ss quadratic_ss packed_ss stock "
+    p.add_argument("--schedules", nargs="+", default=None, type=schedule_name, metavar="SCHEDULE",
+                   help=f"from {MODES + list(PEERS)}; {HYBRID}:K for K proposal branches (a bare {HYBRID} is "
+                        f"{HYBRID}:{DEFAULT_BRANCHES}; e.g. --schedules packed_ss {HYBRID}:2 {HYBRID}:4 quadratic_ss) "
+                        f"(default: ar linear_ss quadratic_ss packed_ss {HYBRID}:{DEFAULT_BRANCHES} stock "
                         "prompt_lookup, plus native on SetDLM)")
     p.add_argument("--baseline", default=BASELINE, help="schedule the paired ratios divide by")
     p.add_argument("--width", type=int, default=None, help="speculative width W (default: each schedule's)")
@@ -70,7 +75,7 @@ def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
 
 
 def default_schedules(model) -> list[str]:
-    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
+    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}"]
     native = ["native"] if getattr(model.config, "model_type", None) == "setdlm" else []
     return ours + native + list(PEERS)
 
@@ -78,7 +83,7 @@ def default_schedules(model) -> list[str]:
 def check_schedules(schedules: list[str], model) -> None:
     """Reject up front what the model cannot decode (e.g. `native` on a left-to-right format)."""
     fam = family(model.config)  # also a plain causal LM given a MASK id and block size (the SmolLM2 drafter)
-    ours = [s for s in schedules if s not in PEERS]
+    ours = [schedule_mode(s)[0] for s in schedules if s not in PEERS]
     if ours and fam is None:
         raise SystemExit(f"{type(model).__name__} has no packed layout: run only {list(PEERS)}.")
     wrong = [s for s in ours if s not in fam.schedules]

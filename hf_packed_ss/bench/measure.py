@@ -16,12 +16,36 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from ..generation import MODES
+from ..schedules import DEFAULT_BRANCHES, HYBRID
 from .record import Record
 from .statistics import rotation
 from .suites import Prompt
 
 STOCK, PROMPT_LOOKUP = "stock", "prompt_lookup"
 PEERS = (STOCK, PROMPT_LOOKUP)
+
+
+def schedule_mode(name: str) -> tuple[str, dict]:
+    """A tool's schedule name -> (assistant_mode, its extra `generate` options): ``hybrid_ss:K`` is
+    ``assistant_mode="hybrid_ss", speculative_branches=K``; any other name is the mode itself."""
+    mode, _, k = name.partition(":")
+    return (mode, {"speculative_branches": int(k)}) if k else (mode, {})
+
+
+def schedule_name(text: str) -> str:
+    """`--schedules` entries (an argparse `type`): a mode, a peer baseline, or ``hybrid_ss:K`` (K >= 1); a bare
+    ``hybrid_ss`` becomes ``hybrid_ss:<default k>``, so every table names the k it measured."""
+    import argparse
+
+    mode, _, k = text.partition(":")
+    if text == HYBRID:
+        return f"{HYBRID}:{DEFAULT_BRANCHES}"
+    if text in MODES + list(PEERS) or (mode == HYBRID and k.isdigit() and int(k) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, or "
+                                     f"{HYBRID}:K for K proposal branches (speculative_branches=K)")
+
 
 # decode(schedule, input_ids) -> the Record fields it measured (width, new_tokens, nfe, times, rows, ..., tokens)
 Decode = Callable[[str, torch.Tensor], dict]
@@ -101,11 +125,13 @@ class StepSizes(BaseStreamer):
 
 
 def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings) -> dict:
-    """One of our schedules; its statistics come from the Runner."""
+    """One of our schedules (a `schedule_mode` name); its statistics come from the Runner."""
+    mode, extra = schedule_mode(mode)
     sync(ids.device)
     start = time.perf_counter()
     out = model.generate(ids, assistant_mode=mode, speculative_width=None if mode == "ar" else settings.width,
-                         max_new_tokens=settings.max_new_tokens, return_dict_in_generate=True, **settings.sampling())
+                         max_new_tokens=settings.max_new_tokens, return_dict_in_generate=True, **settings.sampling(),
+                         **extra)
     sync(ids.device)
     wall = time.perf_counter() - start
     stats = out.decoding_stats

@@ -3,16 +3,19 @@
 It times model forwards of n new rows (4D boolean mask, the packed-call path) against a KV cache holding a prompt,
 cropping the cache back after each call, fits tau and delta by least squares, and predicts which schedule and
 width is fastest: from a bench `results.json` (measured tokens/NFE and rows per call; prediction next to the
-measured throughput), or else from the row formulas with a per-token acceptance rate alpha. The model covers
-model execution only; what it misses is non-model decoder time (appendix F.3).
+measured throughput), or else from the rows per call the engine's layouts build for each schedule
+(`rows_per_iteration`, the layout's default shapes unless `--static-shapes`) with a per-token acceptance rate
+alpha. The model covers model execution only; what it misses is non-model decoder time (appendix F.3).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics as stats
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -67,16 +70,81 @@ def fit(latency: dict[int, float]) -> tuple[float, float, float]:
     return float(tau), float(delta), float(1 - (residual**2).sum() / total) if total > 0 else 1.0
 
 
-def rows_per_iteration(schedule: str, width: int, any_order: bool = False) -> list[int]:
-    """Rows of each call of one steady-state iteration. Nemotron (B = W + 1): AR 1; Linear-SS B + B;
-    Packed-SS 2B; Quadratic-SS B(B + 1). SetDLM (window u = W, one pending token): AR 2; Linear-SS (1 + u) + 2u;
-    Packed-SS 1 + 3u; Quadratic-SS 1 + 2u + u^2 (appendix D)."""
-    b, u = width + 1, width
-    table = {
-        False: {"ar": [1], "linear_ss": [b, b], "packed_ss": [2 * b], "quadratic_ss": [b * (b + 1)]},
-        True: {"ar": [2], "linear_ss": [1 + u, 2 * u], "packed_ss": [1 + 3 * u], "quadratic_ss": [1 + 2 * u + u * u]},
-    }
-    return table[any_order][schedule]
+# A model-free stand-in for the model when the probe drives a schedule through its real layout: vocabulary 3,
+# MASK = 2; verifier rows predict token 1 and proposal rows token 0, so every draft token is rejected.
+_VOCAB, _MASK = 3, 2
+
+
+def _rejecting_logits(call) -> torch.Tensor:
+    """Logits for a built call's kept rows: proposals argmax 0, verifier rows argmax 1 (first draft token rejected)."""
+    logits = torch.zeros(call.logit_rows.numel(), _VOCAB)
+    logits[:, 0] = 1.0
+    if call.verifier_rows is not None:
+        logits[call.verifier_rows] = torch.tensor([0.0, 1.0, 0.0])
+    return logits
+
+
+def layout_default_static_shapes(any_order: bool = False) -> bool:
+    """The layout's own default for `static_shapes` (what `generate` decodes with), read from its signature."""
+    from ..layouts import NemotronLayout, SetDLMLayout
+
+    return inspect.signature(SetDLMLayout if any_order else NemotronLayout).parameters["static_shapes"].default
+
+
+@lru_cache(maxsize=1024)
+def _steady_rows(schedule: str, width: int, any_order: bool, static_shapes: bool, options: tuple) -> tuple[int, ...]:
+    from ..layouts import NemotronLayout, SetDLMLayout
+    from ..schedules import SCHEDULES, WINDOW_SCHEDULES
+
+    table = WINDOW_SCHEDULES if any_order else SCHEDULES
+    if schedule not in table or schedule == "native":
+        raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of "
+                         f"{sorted(set(table) - {'native'})}.")
+    s = table[schedule](width, **dict(options))
+    token = torch.zeros(1, dtype=torch.long)
+    iterations: list[list[int]] = []
+    if any_order:
+        layout, resolved, pending = SetDLMLayout(_MASK, static_shapes=static_shapes), 0, token
+        s.begin(4 * width + 4, token.device)
+    else:
+        layout, prefix = NemotronLayout(_MASK, static_shapes=static_shapes), torch.zeros(2, dtype=torch.long)
+    while len(iterations) < 3:  # the first iteration, the next one (a full draft on Nemotron), the steady state
+        rows = []
+        while True:
+            if any_order:  # LTR: the window is the W leftmost unresolved positions after one cached prompt token
+                plan = s.plan(list(range(resolved, resolved + width)))
+                call = layout.build(plan, pending, torch.tensor([resolved])[: pending.numel()], 1, 1)
+                # N enters the cache; a verification leaves its correction as the next call's N
+                pending = token if plan.verify else token[:0]
+            else:  # P = two tokens, the first cached
+                plan = s.plan()
+                call = layout.build(plan, prefix, 1)
+            rows.append(call.rows)
+            s.advance(plan, call.read(_rejecting_logits(call)))
+            if plan.verify:  # an iteration ends with its verification
+                break
+        if any_order:
+            resolved += 1  # the rejection resolves exactly the first rank (the verifier's correction)
+        iterations.append(rows)
+    return tuple(iterations[-1])
+
+
+def rows_per_iteration(schedule: str, width: int, any_order: bool = False, static_shapes: bool = True,
+                       **options) -> list[int]:
+    """Rows of each call of one steady-state iteration, read from the engine: the schedule
+    (`schedules.SCHEDULES`, or `WINDOW_SCHEDULES` when `any_order`) is driven through its own plans and the real
+    layout (`NemotronLayout` / `SetDLMLayout`) on a two-token prefix, with no model: every draft is rejected at its
+    first token (h = 0, what a random drafter gives nearly always), and the rows of the third iteration are
+    returned, by which time every schedule repeats itself. That is the largest steady-state call of every
+    schedule: each accepted draft token only shortens the next draft; SetDLM windows have one pending token (the
+    correction) and LTR order. `options` go to the schedule (e.g. ``speculative_branches=k`` for hybrid_ss).
+
+    ``static_shapes=True`` (the default) gives appendix D.3's shapes. Nemotron (B = W + 1): AR 1; Linear-SS B + B;
+    Packed-SS 2B; Quadratic-SS B(B + 1). SetDLM (window u = W): AR 2; Linear-SS (1 + u) + 2u; Packed-SS 1 + 3u;
+    Quadratic-SS 1 + 2u + u^2. ``static_shapes=False`` (the layouts' default, what `generate` runs) drops rows no
+    acceptance can use: Packed-SS 2B - 1 and 3u - 1 (the draft left after a rejection is W - 1 long),
+    Quadratic-SS 2u + u(u - 1)/2 on SetDLM, hybrid_ss in between; AR and Linear-SS are unchanged."""
+    return list(_steady_rows(schedule, width, any_order, bool(static_shapes), tuple(sorted(options.items()))))
 
 
 def expected_tokens(schedule: str, width: int, alpha: float) -> float:
@@ -87,12 +155,17 @@ def expected_tokens(schedule: str, width: int, alpha: float) -> float:
     return float(sum(alpha**j for j in range(width + 1)))
 
 
-def formula_predictions(tau: float, delta: float, max_width: int, alpha: float, any_order: bool = False) -> list[dict]:
-    """Predicted tokens/s of every schedule and width from the row formulas."""
+def formula_predictions(tau: float, delta: float, max_width: int, alpha: float, any_order: bool = False,
+                        static_shapes: bool | None = None) -> list[dict]:
+    """Predicted tokens/s of every schedule and width from the rows the engine lays out per iteration
+    (`rows_per_iteration`). `static_shapes` None (default) uses the layout's own default, the shapes `generate`
+    decodes with and a bench measures, so the prediction describes the decoder the bench ran; their row counts are
+    those of the steady state's largest call (after a rejection)."""
+    static = layout_default_static_shapes(any_order) if static_shapes is None else static_shapes
     out = []
     for schedule in ("ar", "linear_ss", "packed_ss", "quadratic_ss"):
         for width in [0] if schedule == "ar" else range(1, max_width + 1):
-            calls = rows_per_iteration(schedule, width, any_order)
+            calls = rows_per_iteration(schedule, max(width, 1), any_order, static)
             seconds = sum(tau + delta * n for n in calls)
             tokens = expected_tokens(schedule, width, alpha)
             out.append({"schedule": schedule, "width": width, "rows_per_iteration": sum(calls),
@@ -133,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "float64", "bfloat16", "float16"),
                    help="default: the results' dtype, else auto")
     p.add_argument("--device", default=None, help="default: the results' device, else auto")
+    p.add_argument("--static-shapes", action=argparse.BooleanOptionalAction, default=None,
+                   help="rows per call of the formula prediction with appendix D.3's static shapes (default: the "
+                        "layout's own default, what generate decodes with)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the probe's numbers to this file")
     return p
@@ -140,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from ..cli import load_model
+    from ..generation import family
     from .command import resolve
 
     args = build_parser().parse_args(argv)
@@ -161,12 +238,16 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; a call of {tau / delta:.0f} rows costs 2 tau" if tau > 0 and delta > 0 else ""))
     out = {"model": model_name, "device": str(device), "dtype": str(dtype), "context": args.context,
            "latency_s": latency, "tau_s": tau, "delta_s": delta, "r2": r2}
-    any_order = getattr(model.config, "model_type", None) == "setdlm"
-    max_width = model.config.max_block_size if any_order else model.config.block_size - 1
-    formula = formula_predictions(tau, delta, max_width, args.alpha, any_order)
+    fam = family(model.config)
+    if fam is None:
+        raise SystemExit(f"{type(model).__name__} has no packed layout: there is nothing to predict.")
+    any_order, max_width = fam.any_order, fam.widths(model.config)[0]
+    static = layout_default_static_shapes(any_order) if args.static_shapes is None else args.static_shapes
+    formula = formula_predictions(tau, delta, max_width, args.alpha, any_order, static)
     best = _best(formula, "predicted_throughput")
-    out["formula"] = formula
-    print(f"\nCost model with per-token acceptance alpha = {args.alpha}: fastest is {best['schedule']} "
+    out["formula"], out["static_shapes"] = formula, static
+    print(f"\nCost model with per-token acceptance alpha = {args.alpha} ({'static' if static else 'lean'} shapes): "
+          f"fastest is {best['schedule']} "
           f"W={best['width']} ({best['predicted_throughput']:.1f} tokens/s predicted, model time only)")
     for s in ("ar", "linear_ss", "packed_ss", "quadratic_ss"):
         top = _best([r for r in formula if r["schedule"] == s], "predicted_throughput")

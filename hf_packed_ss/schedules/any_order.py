@@ -18,6 +18,7 @@ import torch
 from ..acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
 from ..order import ORDERS
 from ..plan import CallResult, WindowPlan
+from .packed_ss import DEFAULT_BRANCHES, HYBRID, check_branches
 
 Accepted = list[tuple[int, int]]
 
@@ -121,6 +122,26 @@ class WindowQuadraticSSSchedule(WindowPackedSSSchedule):
 
     def regions(self, u: int) -> tuple[int, ...]:
         return tuple(range(u))
+
+
+class WindowHybridSSSchedule(WindowPackedSSSchedule):
+    """The k-branch hybrid on a window: R regions b = 0..min(k, u) - 1, region b drafted from P_{t-1} plus the
+    drafts at ranks < b (following pi_t); after h acceptances region min(h, k - 1) supplies the next draft.
+
+    The SetDLM layout has one region form, so the endpoints hold exactly: k = 1 is Packed-SS's ``(0,)`` and any
+    k >= u (in particular k = W + 1, the prefix family's full set, clipped to the window) is Quadratic-SS's
+    ``0..u-1``: the same calls, rows and acceptances. By default a call has p + d + min(kappa + 1, u) rows plus
+    u - 1 - b rows per region b (`WindowPlan.region_ranks`), so each region past Packed-SS's costs fewer rows."""
+
+    name = HYBRID
+
+    def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
+                 speculative_branches: int = DEFAULT_BRANCHES):
+        super().__init__(width, acceptance, verify_order)
+        self.speculative_branches = check_branches(speculative_branches, width)
+
+    def regions(self, u: int) -> tuple[int, ...]:
+        return tuple(range(min(self.speculative_branches, u)))
 
 
 class WindowLinearSSSchedule(WindowSchedule):
@@ -265,5 +286,5 @@ class NativeSchedule(WindowSchedule):
 
 WINDOW_SCHEDULES: dict[str, type[WindowSchedule]] = {
     s.name: s for s in (WindowARSchedule, WindowLinearSSSchedule, WindowQuadraticSSSchedule, WindowPackedSSSchedule,
-                        NativeSchedule)
+                        WindowHybridSSSchedule, NativeSchedule)
 }
