@@ -30,7 +30,7 @@ import torch
 from .bench.repeats import median_index, speedup, spread
 from .bench.statistics import rotation
 from .cli import load_model
-from .generation import family
+from .generation import default_width, family
 from .schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES
 
 DEFAULT_MODELS = ("tiny-nemotron-gsm8k", "tiny-nemotron-random")
@@ -198,7 +198,7 @@ def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | N
     fam = family(model.config)
     trace = Trace(mode, LABELS.get(mode, mode), 0)
     kwargs = dict(assistant_mode=mode, max_new_tokens=int(max_new_tokens), return_dict_in_generate=True, **sampling)
-    if mode != "ar" and width:
+    if fam.schedules[mode].speculative and width:
         kwargs["speculative_width"] = int(width)
     if mode == HYBRID:
         trace.branches = int(branches or DEFAULT_BRANCHES)
@@ -233,7 +233,7 @@ def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | N
         trace.rows_per_call = list(stats.rows_per_call)
     else:
         trace.nfe = len(trace.call_times)
-        trace.width = 0 if mode == "ar" else int(width or fam.widths(model.config)[1])
+        trace.width = int(width or default_width(model.config, mode)) if fam.schedules[mode].speculative else 0
     trace.pieces = token_pieces(tokenizer, trace.tokens)
     trace.text = "".join(trace.pieces)
     return trace

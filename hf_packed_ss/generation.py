@@ -6,6 +6,7 @@ and hands one sequence to the Runner. Without `assistant_mode` it is stock `gene
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
 from .order import ORDERS
 from .runner import Forward, run
-from .schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES, WINDOW_SCHEDULES, check_branches
+from .schedules import SCHEDULES, WINDOW_SCHEDULES, check_branches
 from .stats import DecodingStats
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
@@ -38,8 +39,6 @@ _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_t
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
             "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
             "speculative_branches": None}
-QUADRATIC_DEFAULT_WIDTH = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1)
-NATIVE_THRESHOLD = 0.9  # appendix E.6
 
 
 @dataclass(frozen=True)
@@ -109,11 +108,21 @@ def model_forward(model: torch.nn.Module) -> Forward:
 
 
 def default_width(config, mode: str) -> int:
-    """Nemotron: the largest width the block size allows (W = B - 1), Quadratic-SS keeping the paper's
-    B = 8. SetDLM: half the training horizon (smax16 -> W = 8)."""
+    """Nemotron: the largest width the block size allows (W = B - 1). SetDLM: half the training horizon
+    (smax16 -> W = 8). A schedule may cap it (`default_width_cap`: Quadratic-SS keeps the paper's B = 8)."""
     fam = family(config)
-    widest, default = fam.widths(config)
-    return min(widest, QUADRATIC_DEFAULT_WIDTH) if mode == "quadratic_ss" and not fam.any_order else default
+    _, default = fam.widths(config)
+    cap = fam.schedules[mode].default_width_cap
+    return default if cap is None else min(default, cap)
+
+
+def takers(option: str) -> list[str]:
+    """The modes whose schedule takes `option` (in any family)."""
+    return sorted({m for fam in FAMILIES.values() for m, s in fam.schedules.items() if option in s.options})
+
+
+# Options some schedule takes (`Schedule.options`); each is refused for the schedules that do not.
+SCHEDULE_OPTIONS = sorted({o for fam in FAMILIES.values() for s in fam.schedules.values() for o in s.options})
 
 
 def _reject(condition: bool, message: str) -> None:
@@ -160,9 +169,12 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
            f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
     )
+    schedule = fam.schedules[mode]
+    for name in SCHEDULE_OPTIONS:
+        _reject(options[name] is not None and name not in schedule.options,
+                f"{name} only applies to assistant_mode={' or '.join(map(repr, takers(name)))} (got {mode!r}): "
+                "drop it.")
     branches = options["speculative_branches"]
-    _reject(branches is not None and mode != HYBRID,
-            f"speculative_branches only applies to assistant_mode={HYBRID!r} (got {mode!r}): drop it.")
     if branches is not None:
         check_branches(branches, width)  # [1, W + 1]
     order = options["verify_order"]
@@ -171,27 +183,18 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     _reject(order == "confidence" and not fam.any_order,
             f"verify_order='confidence' needs an any-order model (model_type 'setdlm'); {model_type!r} verifies "
             "left to right only.")
-    _reject(mode == "native" and order not in (None, "ltr"),
-            "assistant_mode='native' commits by confidence threshold and has no verification order: drop verify_order.")
+    _reject(not schedule.verifies and order not in (None, "ltr"),
+            f"assistant_mode={mode!r} commits by confidence threshold and has no verification order: drop "
+            "verify_order.")
     threshold = options["confidence_threshold"]
-    _reject(threshold is not None and mode != "native",
-            f"confidence_threshold only applies to assistant_mode='native' (got {mode!r}): drop it.")
     _reject(threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1),
             f"confidence_threshold={threshold!r} must be a probability in (0, 1].")
-    _reject(options["native_cache_order"] is not None and mode != "native",
-            f"native_cache_order only applies to assistant_mode='native' (got {mode!r}): drop it.")
     _reject(options["native_cache_order"] not in (None, "position", "first_hitting"),
             f"native_cache_order={options['native_cache_order']!r}: choose 'position' (the default) or "
             "'first_hitting' (the release's GSM8K harness, SETDLM_FHT_CACHE_ORDER=true).")
-    _reject(options["stop_at_eos"] is not None and mode != "native",
-            f"stop_at_eos only applies to assistant_mode='native' (got {mode!r}; the other modes stop at EOS "
-            "exactly as stock generate does): drop it.")
     _reject(options["stop_at_eos"] is not None and not isinstance(options["stop_at_eos"], bool),
             f"stop_at_eos={options['stop_at_eos']!r} must be True (the default) or False (the release: never stop "
             "at EOS).")
-    _reject(options["native_context"] is not None and mode != "native",
-            f"native_context only applies to assistant_mode='native' (got {mode!r}; the exact modes never crop "
-            "their cache, as stock generate): drop it.")
     _reject(options["native_context"] not in (None, "full", "sliding"),
             f"native_context={options['native_context']!r}: choose 'full' (the default) or 'sliding' (the release's "
             "left-cropped cache past the trained length).")
@@ -430,18 +433,14 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"), options["stop_sequences"])
     fam = family(decoder.config)
     mode = options["assistant_mode"]
-    extra = {}
+    schedule_class = fam.schedules[mode]
+    # the options this schedule takes, as given (unset ones keep the schedule's own defaults)
+    extra = {k: options[k] for k in schedule_class.options if options[k] is not None}
     if fam.any_order:
         extra["verify_order"] = options["verify_order"] or "ltr"
-        if mode == "native":
-            extra["confidence_threshold"] = options["confidence_threshold"] or NATIVE_THRESHOLD
-            extra["native_cache_order"] = options["native_cache_order"] or "position"
-            extra["stop_at_eos"] = options["stop_at_eos"] is not False
-            extra["native_context"] = options["native_context"] or "full"
-            extra["config"] = decoder.config  # the sizes native_cache_order / native_context read
-    if mode == HYBRID:
-        extra["speculative_branches"] = options["speculative_branches"] or DEFAULT_BRANCHES
-    schedule = fam.schedules[mode](width, acceptance, **extra)
+    if "config" in inspect.signature(schedule_class).parameters:
+        extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
+    schedule = schedule_class(width, acceptance, **extra)
     candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
     with torch.inference_mode(), proposal_only_adapters(decoder):
         sequence, stats = fam.runner(

@@ -28,6 +28,7 @@ import torch
 
 from .bench.suites import SAMPLE, question_ids, read_jsonl
 from .paths import GSM8K_HELP, gsm8k_split
+from .schedules import SCHEDULES, WINDOW_SCHEDULES
 
 TEST_SIZE = 1319  # questions in the GSM8K test split
 FIRST = range(0, 10)  # issue 5's bar: the first 10 test questions
@@ -198,7 +199,7 @@ def table(report: dict, width: int, reference: str, base: dict | None = None) ->
         lines.append(f"| {reference} (stock `generate`, the reference) | 0 | 1.00 | "
                      f"{base['ended_with_eos']}/{base['n']} | {base['max_6gram_repeats']} | {base['looping']} | - |")
     for mode, r in report.items():
-        w = 0 if mode == "ar" else width
+        w = width if {**WINDOW_SCHEDULES, **SCHEDULES}[mode].speculative else 0
         same = base is not None and r["differs_from_" + reference] == 0
         eos, repeats, looping = (("= base",) * 3 if same else
                                  (f"{r['ended_with_eos']}/{r['n']}", r["max_6gram_repeats"], r["looping"]))

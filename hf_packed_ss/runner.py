@@ -116,7 +116,7 @@ def run(
     `candidates` (made here when not given) is told the outcome of every verification."""
     candidates = PackedSSCandidateGenerator(schedule) if candidates is None else candidates
     eos = frozenset(int(e) for e in eos_token_ids)
-    stats = DecodingStats(schedule=schedule.name, width=0 if schedule.name == "ar" else schedule.width)
+    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0)
     device = prompt.device
     prefix = prompt
     cache = DynamicCache() if cache is None else cache

@@ -76,8 +76,9 @@ def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
 
 def default_schedules(model) -> list[str]:
     ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}"]
-    native = ["native"] if getattr(model.config, "model_type", None) == "setdlm" else []
-    return ours + native + list(PEERS)
+    fam = family(model.config)
+    inexact = [m for m, s in fam.schedules.items() if not s.exact] if fam is not None else []  # SetDLM's native
+    return ours + inexact + list(PEERS)
 
 
 def check_schedules(schedules: list[str], model) -> None:

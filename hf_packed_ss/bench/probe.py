@@ -97,9 +97,9 @@ def _steady_rows(schedule: str, width: int, any_order: bool, static_shapes: bool
     from ..schedules import SCHEDULES, WINDOW_SCHEDULES
 
     table = WINDOW_SCHEDULES if any_order else SCHEDULES
-    if schedule not in table or schedule == "native":
-        raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of "
-                         f"{sorted(set(table) - {'native'})}.")
+    steady = sorted(m for m, s in table.items() if s.exact)  # the native decoder commits by threshold: no steady state
+    if schedule not in steady:
+        raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of {steady}.")
     s = table[schedule](width, **dict(options))
     token = torch.zeros(1, dtype=torch.long)
     iterations: list[list[int]] = []
@@ -150,7 +150,9 @@ def rows_per_iteration(schedule: str, width: int, any_order: bool = False, stati
 def expected_tokens(schedule: str, width: int, alpha: float) -> float:
     """Tokens per iteration when each draft token is accepted independently with probability alpha: the accepted
     run plus the correction/bonus token, 1 + alpha + ... + alpha^W (AR: 1)."""
-    if schedule == "ar":
+    from ..schedules import SCHEDULES
+
+    if not SCHEDULES[schedule].speculative:
         return 1.0
     return float(sum(alpha**j for j in range(width + 1)))
 

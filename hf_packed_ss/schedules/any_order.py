@@ -32,7 +32,11 @@ class WindowSchedule:
     """Shared state: draft tokens, the Q they were drawn from, and a confidence score per position."""
 
     name = ""
-    calls_per_iteration = 1
+    speculative = True  # as `Schedule`: whether it drafts, whether its output is the AR mode's, the generate
+    exact = True  # options it takes besides speculative_width and verify_order, whether it verifies at all
+    options: tuple[str, ...] = ()
+    verifies = True
+    default_width_cap: int | None = None
     stop_at_eos = True  # an accepted EOS at j sets E = min(E, j)
     context_length: int | None = None  # keep cache + call rows <= this by dropping the oldest cache rows
 
@@ -84,6 +88,7 @@ class WindowARSchedule(WindowSchedule):
     """AR decoding on a same-position model: one verifier MASK at the leftmost unresolved position."""
 
     name = "ar"
+    speculative = False
 
     def plan(self, window: list[int]) -> WindowPlan:
         return WindowPlan(order=tuple(window[:1]))
@@ -134,6 +139,7 @@ class WindowHybridSSSchedule(WindowPackedSSSchedule):
     u - 1 - b rows per region b (`WindowPlan.region_ranks`), so each region past Packed-SS's costs fewer rows."""
 
     name = HYBRID
+    options = ("speculative_branches",)
 
     def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
                  speculative_branches: int = DEFAULT_BRANCHES):
@@ -151,7 +157,6 @@ class WindowLinearSSSchedule(WindowSchedule):
     iteration (appendix E.6); the order is fixed before the drafting call."""
 
     name = "linear_ss"
-    calls_per_iteration = 2
 
     def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr"):
         super().__init__(width, acceptance, verify_order)
@@ -246,6 +251,9 @@ class NativeSchedule(WindowSchedule):
     """
 
     name = "native"
+    exact = False
+    verifies = False
+    options = ("confidence_threshold", "native_cache_order", "stop_at_eos", "native_context")
 
     def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
                  confidence_threshold: float = 0.9, native_cache_order: str = "position", stop_at_eos: bool = True,

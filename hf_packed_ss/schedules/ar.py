@@ -12,6 +12,7 @@ class ARSchedule(Schedule):
     """The exactness reference: each call verifies an empty draft and emits its "bonus" token."""
 
     name = "ar"
+    speculative = False
 
     def plan(self) -> CallPlan:
         return CallPlan(draft=EMPTY)

@@ -21,11 +21,19 @@ class Schedule:
     Attributes:
         name: the `assistant_mode` string.
         width: speculative width W (number of draft positions per proposal).
-        calls_per_iteration: model calls an iteration takes after the first (for the docs and tests).
+        speculative: whether it drafts at all (AR does not: its reported width is 0).
+        exact: whether its output is the AR mode's (every schedule here; SetDLM's native decoder is not).
+        options: the `generate` options it takes besides `speculative_width` (the front refuses the others).
+        verifies: whether it verifies drafts (SetDLM's native decoder commits by threshold instead).
+        default_width_cap: the largest default width, if smaller than the model's (Quadratic-SS: B = 8).
     """
 
     name: str = ""
-    calls_per_iteration: int = 1
+    speculative: bool = True
+    exact: bool = True
+    options: tuple[str, ...] = ()
+    verifies: bool = True
+    default_width_cap: int | None = None
 
     def __init__(self, width: int, acceptance: Acceptance | None = None):
         self.width = width

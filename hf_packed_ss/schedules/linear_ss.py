@@ -14,7 +14,6 @@ from .base import EMPTY, Schedule
 
 class LinearSSSchedule(Schedule):
     name = "linear_ss"
-    calls_per_iteration = 2
 
     def __init__(self, width: int, acceptance=None):
         super().__init__(width, acceptance)

@@ -76,6 +76,7 @@ class QuadraticSSSchedule(BranchedSSSchedule):
 
     name = "quadratic_ss"
     anchored = False
+    default_width_cap = 7  # the paper's Quadratic-SS block size B = 8 (section 4.1): its input grows as B(B + 1)
 
     def branches(self, n_draft: int) -> range:
         return range(n_draft + 1)
@@ -101,6 +102,7 @@ class HybridSSSchedule(BranchedSSSchedule):
     """
 
     name = HYBRID
+    options = ("speculative_branches",)
 
     def __init__(self, width: int, acceptance=None, speculative_branches: int = DEFAULT_BRANCHES):
         super().__init__(width, acceptance)
