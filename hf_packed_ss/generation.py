@@ -38,7 +38,7 @@ _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_t
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
             "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
-            "speculative_branches": None}
+            "speculative_branches": None, "static_shapes": None}
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,9 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     _reject(stops is not None and not (isinstance(stops, (list, tuple)) and all(
         isinstance(x, (list, tuple)) and x and all(isinstance(t, int) for t in x) for x in stops)),
         "stop_sequences must be a list of non-empty token-id lists, e.g. [[13, 13], [2]].")
+    _reject(options["static_shapes"] is not None and not isinstance(options["static_shapes"], bool),
+            f"static_shapes={options['static_shapes']!r} must be True (one call shape per schedule and width, for "
+            "compiled graphs: appendix D.3) or False (the default: only the rows that can matter).")
     _reject(input_ids.dim() != 2, f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
     _reject(
         input_ids.shape[0] != 1,
@@ -446,7 +449,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         sequence, stats = fam.runner(
             model_forward(decoder),
             schedule,
-            fam.layout(decoder.config.mask_token_id),
+            fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"])),
             input_ids[0],
             max(0, max_new),
             eos,

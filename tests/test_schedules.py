@@ -160,3 +160,31 @@ def test_theorem_check_has_power():
             runs[name] = stats.nfe
         worse += runs["short"] > runs["linear"]
     assert worse > 0
+
+
+@pytest.mark.parametrize("family", ["prefix", "any_order"])
+def test_static_shapes_is_a_generate_option(family):
+    """`generate(..., static_shapes=True)` keeps one call shape per schedule and width (appendix D.3) and decodes
+    the same tokens with the same acceptances as the lean default."""
+    from conftest import tiny_setdlm
+
+    model = tiny_model(2) if family == "prefix" else tiny_setdlm(2)
+    prompt = torch.tensor([[3, 1, 4, 1]])
+    width = 4
+    for mode in ("linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss"):
+        runs = {static: model.generate(prompt, assistant_mode=mode, speculative_width=width, max_new_tokens=24,
+                                       static_shapes=static, return_dict_in_generate=True)
+                for static in (False, True)}
+        lean, padded = runs[False].decoding_stats, runs[True].decoding_stats
+        assert torch.equal(runs[False].sequences, runs[True].sequences), mode
+        assert lean.accepted_per_iteration == padded.accepted_per_iteration, mode
+        if mode != "linear_ss":  # one call per iteration: every call after the first with a full window (SetDLM's
+            # window stops at the last output position) has the same shape
+            done = [sum(padded.accepted_per_iteration[:i]) for i in range(len(padded.rows_per_call))]
+            full = [rows for rows, d in list(zip(padded.rows_per_call, done, strict=True))[1:] if 24 - d >= width + 1]
+            assert len(full) > 5 and len(set(full)) == 1, (mode, padded.rows_per_call)
+        assert sum(lean.rows_per_call) <= sum(padded.rows_per_call), mode
+    with pytest.raises(ValueError, match="static_shapes=1 must be True"):
+        model.generate(prompt, assistant_mode="packed_ss", static_shapes=1, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"\['static_shapes'\] only apply with assistant_mode"):
+        model.generate(prompt, static_shapes=True, max_new_tokens=3)
