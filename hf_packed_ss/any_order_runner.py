@@ -28,32 +28,79 @@ from .schedules.any_order import WindowSchedule
 from .stats import DecodingStats
 
 
-def _context(prompt: torch.Tensor, known: dict[int, int], position: int) -> torch.Tensor:
-    """Ids a logits processor sees for a row at `position`: the prompt and the known tokens that
-    continue it without a gap (exactly P + d^(<r) under LTR order)."""
-    tokens = []
-    for j in range(position):
-        if j not in known:
-            break
-        tokens.append(known[j])
-    return torch.cat([prompt, torch.tensor(tokens, dtype=torch.long, device=prompt.device)])
+class Output:
+    """The accepted tokens P_t by output position: a dict for membership, and the sequence [prompt | output] in one
+    buffer, so that a contiguous run from position 0 is a view (stopping criteria, logits processors) and no
+    iteration scans the whole output. `left` is the leftmost unresolved position, kept incrementally."""
+
+    def __init__(self, prompt: torch.Tensor, max_new_tokens: int):
+        self.origin = prompt.numel()
+        self._sequence = torch.cat([prompt, prompt.new_zeros(max_new_tokens)])
+        self._unwritten: list[tuple[int, int]] = []  # accepted pairs not yet in the buffer (written when read)
+        self.tokens: dict[int, int] = {}
+        self.left = 0
+
+    @property
+    def sequence(self) -> torch.Tensor:
+        if self._unwritten:  # one write for every pair accepted since the last read
+            positions, tokens = zip(*self._unwritten, strict=True)
+            self._sequence[torch.tensor(positions) + self.origin] = torch.tensor(tokens, dtype=self._sequence.dtype)
+            self._unwritten = []
+        return self._sequence
+
+    def accept(self, pairs: list[tuple[int, int]]) -> None:
+        self._unwritten += pairs
+        self.tokens.update(pairs)
+        while self.left in self.tokens:
+            self.left += 1
+
+    def drop_after(self, end: int) -> None:
+        """Forget every position past `end` (a stop at `end`); the buffer keeps stale ids there, never read."""
+        for j in [j for j in self.tokens if j > end]:  # only positions of the last windows can lie past `end`
+            del self.tokens[j]
+        self.left = min(self.left, end + 1)
+
+    def run_start(self, j: int, floor: int) -> int:
+        """The first position of the contiguous run of accepted positions that ends at `j`; every position below
+        `floor` is accepted, so the walk takes at most j - floor steps."""
+        start = j
+        while start > 0 and start - 1 in self.tokens:
+            if start - 1 < floor:
+                return 0
+            start -= 1
+        return start
+
+    def prefix(self, length: int) -> torch.Tensor:
+        """The prompt and output positions 0..length-1 (a view; they must all be accepted)."""
+        return self.sequence[: self.origin + length]
 
 
-def process(processors, result: CallResult, plan: WindowPlan, prompt: torch.Tensor, accepted: dict[int, int]):
+def _context(output: Output, drafts: dict[int, int], position: int) -> torch.Tensor:
+    """Ids a logits processor sees for a row at `position`: the prompt and the known tokens (accepted, or the
+    draft tokens of earlier ranks) that continue it without a gap (exactly P + d^(<r) under LTR order). Positions
+    below `left` are all accepted, so only the window is walked."""
+    j, extra = output.left, []
+    while j < position and (j in output.tokens or j in drafts):
+        extra.append(output.tokens[j] if j in output.tokens else drafts[j])
+        j += 1
+    head = output.prefix(output.left)
+    return torch.cat([head, torch.tensor(extra, dtype=torch.long, device=head.device)]) if extra else head
+
+
+def process(processors, result: CallResult, plan: WindowPlan, output: Output):
     """Apply a `LogitsProcessorList` to every verifier and proposal row with the ids it conditions on."""
     if not processors:
         return result
 
     def known(before_rank: int) -> dict[int, int]:
-        drafts = {j: d for j, d in zip(plan.order[:before_rank], plan.draft or (), strict=False) if d is not None}
-        return {**accepted, **drafts}
+        return {j: d for j, d in zip(plan.order[:before_rank], plan.draft or (), strict=False) if d is not None}
 
     def rows(logits: torch.Tensor, ranks: range, before: Callable[[int], int]) -> torch.Tensor:
         """Row i holds rank ranks[i]; a region may have no rows at all."""
         if not logits.shape[0]:
             return logits
         return torch.cat([
-            processors(_context(prompt, known(before(r)), plan.order[r])[None], logits[i : i + 1])
+            processors(_context(output, known(before(r)), plan.order[r])[None], logits[i : i + 1])
             for i, r in enumerate(ranks[: logits.shape[0]])
         ])
 
@@ -71,18 +118,19 @@ def crop_left(cache: DynamicCache, rows: int) -> None:
             layer.values = layer.values[..., rows:, :]
 
 
-def _stop_end(prompt, tokens: dict[int, int], new: list[int], end: int, stop) -> int:
+def _stop_end(output: Output, new: list[int], floor: int, last: int, end: int, stop) -> int:
     """The earliest j <= end where a stop marker whose tokens are all accepted ends (or `end`).
 
     `stop(sequence)` is asked about every accepted run that ends at or after a newly accepted position;
     a run starting at position 0 carries the prompt in front, so under LTR order this is exactly
-    stock generate's check after every token."""
-    for j in sorted(t for t in tokens if t <= end and t >= min(new)):
-        start = j
-        while start - 1 in tokens:
-            start -= 1
-        run = torch.tensor([tokens[i] for i in range(start, j + 1)], dtype=torch.long, device=prompt.device)
-        if stop(torch.cat([prompt, run]) if start == 0 else run):
+    stock generate's check after every token. `floor`: every position below it was accepted before this call;
+    `last`: the window's last position (no accepted position lies beyond it)."""
+    for j in range(min(new), min(last, end) + 1):
+        if j not in output.tokens:
+            continue
+        start = output.run_start(j, floor)
+        run = output.prefix(j + 1) if start == 0 else output.sequence[output.origin + start : output.origin + j + 1]
+        if stop(run):
             return j
     return end
 
@@ -110,7 +158,7 @@ def run_any_order(
                          "cropped to: shorten the prompt or use native_context='full'.")
     evicted = 0  # rows dropped from the left of [prompt, cached] (only with context_length)
     schedule.begin(max_new_tokens, device)
-    tokens: dict[int, int] = {}  # dom(P_t) -> token, output positions
+    output = Output(prompt, max_new_tokens)  # dom(P_t) -> token, output positions
     end = max_new_tokens - 1  # E
     pending = [(i - origin, int(t)) for i, t in enumerate(prompt.tolist())]  # N: accepted, not yet in the cache
     cached: list[tuple[int, int]] = []  # cache rows after the prompt, in cache order
@@ -120,11 +168,9 @@ def run_any_order(
     _sync(device)
     if streamer is not None:
         streamer.put(prompt.cpu())
-    while True:
-        left = next((j for j in range(end + 1) if j not in tokens), None)
-        if left is None:
-            break
-        window = [j for j in range(left, min(end, left + schedule.width - 1) + 1) if j not in tokens]
+    while output.left <= end:
+        left = output.left
+        window = [j for j in range(left, min(end, left + schedule.width - 1) + 1) if j not in output.tokens]
         # 1. ask
         plan = schedule.plan(window)
         n_tokens = torch.tensor([t for _, t in pending], dtype=torch.long, device=device)
@@ -147,7 +193,7 @@ def run_any_order(
         # 2. one model call
         logits = call_model(forward, call, cache, stats)
         # 3. verify and draft
-        result = process(processors, call.read(logits), plan, prompt, tokens)
+        result = process(processors, call.read(logits), plan, output)
         outcome = schedule.advance(plan, result)
         accepted, h = outcome if outcome is not None else ([], 0)
         # 4. commit the cache: N and the accepted draft rows
@@ -157,17 +203,20 @@ def run_any_order(
         if outcome is None:
             continue
         # 5. stopping (Algorithm 3, lines 11-13; appendix E.2 markers)
-        tokens.update(accepted)
+        output.accept(accepted)
         rest = "committed" if not plan.verify else "correction" if plan.available else "verifier"
         kinds.update((j, "draft" if r < h else rest) for r, (j, _) in enumerate(accepted))
         new = [j for j, _ in accepted]
+        before = end
         end = min([end] + [j for j, t in accepted if t in eos])
         if stop is not None and new:
-            end = _stop_end(prompt, tokens, new, end, stop)
+            end = _stop_end(output, new, left, left + schedule.width - 1, end, stop)
         stats.accepted_per_iteration.append(sum(1 for j in new if j <= end))
-        tokens = {j: t for j, t in tokens.items() if j <= end}
-        pending = [(j, t) for j, t in pending if j <= end]
-        dropped = next((i for i, (j, _) in enumerate(cached) if j > end), None)
+        dropped = None
+        if end < before:  # a stop: forget what lies past E (scans here happen once per stop, not per iteration)
+            output.drop_after(end)
+            pending = [(j, t) for j, t in pending if j <= end]
+            dropped = next((i for i, (j, _) in enumerate(cached) if j > end), None)
         if dropped is not None:  # rows cached after a dropped one attended to it: process them again
             if origin + dropped < evicted:
                 raise ValueError("A stop dropped a token the sliding context had already evicted; use a "
@@ -176,18 +225,13 @@ def run_any_order(
             cache.crop(origin + dropped - evicted - cache.get_seq_length())
             pending = [(j, t) for j, t in cached[dropped:] if j <= end] + pending
             cached = cached[:dropped]
-        if streamer is not None:
-            ready = streamed
-            while ready in tokens:
-                ready += 1
-            if ready > streamed:
-                span = range(streamed, ready)
-                stream(streamer, torch.tensor([tokens[j] for j in span]), [kinds[j] for j in span])
-                streamed = ready
+        if streamer is not None and output.left > streamed:
+            span = range(streamed, output.left)
+            stream(streamer, output.prefix(output.left)[origin + streamed :].clone(), [kinds[j] for j in span])
+            streamed = output.left
     _sync(device)
-    stats.new_tokens = len(tokens)
+    stats.new_tokens = len(output.tokens)
     stats.decoder_time_s = time.perf_counter() - start
     if streamer is not None:
         streamer.end()
-    out = torch.tensor([tokens[j] for j in range(len(tokens))], dtype=torch.long, device=device)
-    return torch.cat([prompt, out]), stats
+    return output.prefix(stats.new_tokens).clone(), stats

@@ -278,6 +278,7 @@ DELEGATES = {
     "train": ("train", "train a model of either format, or the SmolLM2 drafter"),
     "bench": ("bench", "benchmark the schedules and peer baselines"),
     "probe": ("bench.probe", "fit the tau + delta * n call cost and predict the fastest schedule"),
+    "overhead": ("bench.overhead", "the decoder's own time per call against the context length"),
     "publish": ("publish", "assemble (and upload) the Hub folder of a bundled checkpoint"),
     "demo": ("demo", "start the Gradio app in which the schedules race side by side (pip install -e '.[demo]')"),
 }

@@ -56,7 +56,33 @@ def stream(streamer, tokens: torch.Tensor, kinds: list[str]) -> None:
         streamer.put(tokens.cpu())
 
 
-def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor) -> CallResult:
+class Sequence:
+    """The verified prefix P in a buffer with room after it, so that P + (tokens after it) is a view: the ids a
+    logits processor or a stopping criterion sees cost no copy of P, however long it is."""
+
+    def __init__(self, prompt: torch.Tensor, room: int):
+        self.buffer = torch.cat([prompt, prompt.new_zeros(room)])
+        self.n = prompt.numel()
+
+    @property
+    def prefix(self) -> torch.Tensor:
+        return self.buffer[: self.n]
+
+    def with_tail(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Write `tokens` after P (not appended: P is unchanged) and return the buffer; P + tokens[:i] is
+        ``buffer[: n + i]``."""
+        end = self.n + tokens.numel()
+        if end > self.buffer.numel():
+            self.buffer = torch.cat([self.buffer, self.buffer.new_zeros(end)])
+        self.buffer[self.n : end] = tokens
+        return self.buffer
+
+    def append(self, tokens: torch.Tensor) -> None:
+        self.with_tail(tokens)
+        self.n += tokens.numel()
+
+
+def process(processors, result: CallResult, plan: CallPlan, sequence: Sequence) -> CallResult:
     """Apply a `LogitsProcessorList` exactly as stock `generate` would at each position.
 
     Verifier row i is processed with the ids it conditions on (P + d^(1..i-1)), so input-dependent
@@ -66,20 +92,17 @@ def process(processors, result: CallResult, plan: CallPlan, prefix: torch.Tensor
     """
     if not processors:
         return result
+    n, ids = sequence.n, sequence.with_tail(plan.draft.to(sequence.buffer.device))  # ids[: n + i] = P + d^(<=i)
     verifier = None
     if result.verifier is not None:
-        draft = plan.draft.to(prefix.device)
-        verifier = torch.cat([
-            processors(torch.cat([prefix, draft[:i]])[None], row[None]) for i, row in enumerate(result.verifier)
-        ])
+        verifier = torch.cat([processors(ids[None, : n + i], row[None]) for i, row in enumerate(result.verifier)])
     proposals = []
     for p, logits in zip(plan.proposals, result.proposals, strict=True):
-        context = torch.cat([prefix, plan.draft[: p.branch].to(prefix.device)])
-        proposals.append(processors(context.expand(logits.shape[0], -1), logits))
+        proposals.append(processors(ids[: n + p.branch].expand(logits.shape[0], -1), logits))
     return CallResult(verifier=verifier, proposals=proposals)
 
 
-def _truncate(accepted: torch.Tensor, prefix: torch.Tensor, eos: frozenset[int], remaining: int, stop):
+def _truncate(accepted: torch.Tensor, sequence: Sequence, eos: frozenset[int], remaining: int, stop):
     """Algorithm 1, lines 7-8: keep C_t up to a = min(A_t, L - emitted, first EOS, first stop).
 
     Returns the kept tokens and whether decoding ends here."""
@@ -88,7 +111,8 @@ def _truncate(accepted: torch.Tensor, prefix: torch.Tensor, eos: frozenset[int],
     a = next((i + 1 for i, tok in enumerate(tokens[:a]) if tok in eos), a)
     stopped = a < len(tokens) or tokens[a - 1] in eos
     if stop is not None:  # asked after every token, as stock generate asks its criteria
-        hit = next((i for i in range(1, a + 1) if stop(torch.cat([prefix, accepted[:i]]))), None)
+        n, ids = sequence.n, sequence.with_tail(accepted)
+        hit = next((i for i in range(1, a + 1) if stop(ids[: n + i])), None)
         if hit is not None:
             a, stopped = hit, True
     return accepted[:a], stopped
@@ -118,7 +142,7 @@ def run(
     eos = frozenset(int(e) for e in eos_token_ids)
     stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0)
     device = prompt.device
-    prefix = prompt
+    sequence = Sequence(prompt, max_new_tokens + 2 * (schedule.width + 1))
     cache = DynamicCache() if cache is None else cache
     cache_len = 0
     start = time.perf_counter()
@@ -128,16 +152,16 @@ def run(
     while stats.new_tokens < max_new_tokens:
         # 1. ask: the schedule plans the call, the layout lays it out
         plan = schedule.plan()
-        call = layout.build(plan, prefix, cache_len)
+        call = layout.build(plan, sequence.prefix, cache_len)
         # 2. one model call
         logits = call_model(forward, call, cache, stats)
 
         # 3. verify and draft: the schedule advances from the (processed) predictions
-        result = process(processors, call.read(logits), plan, prefix)
+        result = process(processors, call.read(logits), plan, sequence)
         accepted = schedule.advance(plan, result)
         n_draft_accepted = None if accepted is None else accepted.numel() - 1
         if accepted is not None:
-            candidates.update_candidate_strategy(prefix[None], result.verifier[None], n_draft_accepted)
+            candidates.update_candidate_strategy(sequence.prefix[None], result.verifier[None], n_draft_accepted)
         # 4. commit the cache: P minus its last token (cacheable rows come first: one crop)
         keep = call.rows_to_cache(n_draft_accepted)
         cache.crop(keep - call.rows)
@@ -145,8 +169,8 @@ def run(
         if accepted is None:
             continue
         # 5. stop exactly at EOS / length / stopping criteria, then append and stream
-        accepted, stopped = _truncate(accepted.to(device), prefix, eos, max_new_tokens - stats.new_tokens, stop)
-        prefix = torch.cat([prefix, accepted])
+        accepted, stopped = _truncate(accepted.to(device), sequence, eos, max_new_tokens - stats.new_tokens, stop)
+        sequence.append(accepted)
         stats.new_tokens += accepted.numel()
         stats.accepted_per_iteration.append(accepted.numel())
         if streamer is not None:
@@ -157,4 +181,4 @@ def run(
     stats.decoder_time_s = time.perf_counter() - start
     if streamer is not None:
         streamer.end()
-    return prefix, stats
+    return sequence.prefix.clone(), stats
