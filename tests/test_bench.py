@@ -390,3 +390,16 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert "old figures" not in text and text.endswith(f"{END}\n\nafter\n")
     assert "hf-packed-ss bench --model tiny-nemotron-random --limit 2" in text and "| packed_ss |" in text
     assert f"tau = {probe['tau_s'] * 1e3:.3f} ms" in text and "| predicted tokens/s |" not in text.split(END)[1]
+
+
+def test_overhead_command_reports_every_schedule_and_context(capsys):
+    from hf_packed_ss import bundled
+    from hf_packed_ss.bench.overhead import context_ids
+
+    _, tokenizer = bundled.load("tiny-nemotron-random")
+    assert context_ids(tokenizer, 300).shape == (1, 300)  # repeated text when the sample is shorter
+    assert cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "16", "40", "--repeats", "2",
+                     "--max-new-tokens", "4", "--schedules", "ar", "packed_ss"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ar") or
+            line.startswith("| packed_ss")]
+    assert len(rows) == 2 and all(len(r.split("|")) == 6 for r in rows)  # schedule, 2 contexts, ratio
