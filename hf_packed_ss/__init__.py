@@ -27,7 +27,7 @@ __all__ = [
     "PackedSSGenerateOutput",
     "SetDLMConfig",
     "SetDLMModel",
-    "disable",
     "bundled",
+    "disable",
     "enable",
 ]
