@@ -149,7 +149,8 @@ def run_any_order(
 ) -> tuple[torch.Tensor, DecodingStats]:
     """Decode one sequence with an any-order schedule; same contract as `runner.run`."""
     eos = frozenset(int(e) for e in eos_token_ids) if schedule.stop_at_eos else frozenset()
-    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0)
+    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0,
+                          speculative_branches=getattr(schedule, "speculative_branches", None))
     device, origin = prompt.device, prompt.numel()
     cache = DynamicCache() if cache is None else cache
     limit = schedule.context_length

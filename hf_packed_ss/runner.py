@@ -140,7 +140,8 @@ def run(
     `candidates` (made here when not given) is told the outcome of every verification."""
     candidates = PackedSSCandidateGenerator(schedule) if candidates is None else candidates
     eos = frozenset(int(e) for e in eos_token_ids)
-    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0)
+    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0,
+                          speculative_branches=getattr(schedule, "speculative_branches", None))
     device = prompt.device
     sequence = Sequence(prompt, max_new_tokens + 2 * (schedule.width + 1))
     cache = DynamicCache() if cache is None else cache

@@ -18,6 +18,7 @@ class DecodingStats:
             iteration is its drafting call plus its verification call).
         model_time_s: wall time inside model forward calls (device-synchronised).
         decoder_time_s: wall time of the whole decode, prefill included, loading and tokenisation excluded.
+        speculative_branches: hybrid_ss's k (None for every other schedule).
     """
 
     schedule: str
@@ -28,6 +29,7 @@ class DecodingStats:
     accepted_per_iteration: list[int] = field(default_factory=list)
     model_time_s: float = 0.0
     decoder_time_s: float = 0.0
+    speculative_branches: int | None = None
 
     @property
     def tokens_per_nfe(self) -> float:

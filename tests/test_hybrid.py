@@ -365,3 +365,15 @@ def test_demo_shows_the_k(models):
     packed = demo.decode_one(model, Tokens(), prompt, "packed_ss", width=3, max_new_tokens=10,
                              sampling={"do_sample": False}, branches=3)
     assert packed.branches == 0 and "k =" not in demo.lane_html(packed, "packed_ss")
+
+
+@pytest.mark.parametrize("family", ["prefix", "any_order"])
+def test_statistics_record_the_k(models, setdlms, family):
+    model = models[0] if family == "prefix" else setdlms[0]
+    prompt = torch.arange(1, 6)[None]
+    for mode, k, expected in (("hybrid_ss", 3, 3), ("hybrid_ss", None, DEFAULT_BRANCHES), ("packed_ss", None, None)):
+        options = {} if k is None else {"speculative_branches": k}
+        out = model.generate(prompt, assistant_mode=mode, speculative_width=4, max_new_tokens=6,
+                             return_dict_in_generate=True, **options)
+        assert out.decoding_stats.speculative_branches == expected, (mode, k)
+        assert out.decoding_stats.to_dict()["speculative_branches"] == expected
