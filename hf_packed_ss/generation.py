@@ -30,7 +30,7 @@ from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
 from .order import ORDERS
 from .runner import Forward, run
-from .schedules import SCHEDULES, WINDOW_SCHEDULES, check_branches
+from .schedules import SCHEDULES, WINDOW_SCHEDULES
 from .stats import DecodingStats
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
@@ -174,9 +174,6 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         _reject(options[name] is not None and name not in schedule.options,
                 f"{name} only applies to assistant_mode={' or '.join(map(repr, takers(name)))} (got {mode!r}): "
                 "drop it.")
-    branches = options["speculative_branches"]
-    if branches is not None:
-        check_branches(branches, width)  # [1, W + 1]
     order = options["verify_order"]
     _reject(order is not None and order not in ORDERS,
             f"Unknown verify_order={order!r}; choose one of {sorted(ORDERS)}.")
@@ -189,23 +186,7 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     threshold = options["confidence_threshold"]
     _reject(threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1),
             f"confidence_threshold={threshold!r} must be a probability in (0, 1].")
-    _reject(options["native_cache_order"] not in (None, "position", "first_hitting"),
-            f"native_cache_order={options['native_cache_order']!r}: choose 'position' (the default) or "
-            "'first_hitting' (the release's GSM8K harness, SETDLM_FHT_CACHE_ORDER=true).")
-    _reject(options["stop_at_eos"] is not None and not isinstance(options["stop_at_eos"], bool),
-            f"stop_at_eos={options['stop_at_eos']!r} must be True (the default) or False (the release: never stop "
-            "at EOS).")
-    _reject(options["native_context"] not in (None, "full", "sliding"),
-            f"native_context={options['native_context']!r}: choose 'full' (the default) or 'sliding' (the release's "
-            "left-cropped cache past the trained length).")
-    _reject(options["native_cache_order"] == "first_hitting" and options["native_context"] == "sliding",
-            "native_cache_order='first_hitting' with native_context='sliding' is not supported (past the trained "
-            "length the release then crops by position and masks by position id, which is not reproduced): "
-            "choose one of them.")
-    _reject(options["native_context"] == "sliding" and 2 * width >= getattr(model.config, "block_size", 0),
-            f"native_context='sliding' keeps cache + call rows within block_size="
-            f"{getattr(model.config, 'block_size', None)} and a call has up to 2 * speculative_width rows: use "
-            f"speculative_width < {getattr(model.config, 'block_size', 0) / 2:g} or native_context='full'.")
+    # the values of a schedule's own options are checked by the schedule when the front builds it
     _reject(options["native_context"] == "sliding" and input_ids.shape[-1] > getattr(model.config, "block_size", 0),
             f"The prompt ({input_ids.shape[-1]} tokens) is longer than block_size="
             f"{getattr(model.config, 'block_size', None)}, the context native_context='sliding' keeps: shorten it "

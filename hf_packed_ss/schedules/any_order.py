@@ -260,14 +260,25 @@ class NativeSchedule(WindowSchedule):
                  native_context: str = "full", config=None):
         super().__init__(width, acceptance, verify_order)
         if native_cache_order not in NATIVE_CACHE_ORDERS:
-            raise ValueError(f"native_cache_order={native_cache_order!r}: choose one of {NATIVE_CACHE_ORDERS}.")
+            raise ValueError(f"native_cache_order={native_cache_order!r}: choose 'position' (the default) or "
+                             "'first_hitting' (the release's GSM8K harness, SETDLM_FHT_CACHE_ORDER=true).")
         if native_context not in NATIVE_CONTEXTS:
-            raise ValueError(f"native_context={native_context!r}: choose one of {NATIVE_CONTEXTS}.")
+            raise ValueError(f"native_context={native_context!r}: choose 'full' (the default) or 'sliding' (the "
+                             "release's left-cropped cache past the trained length).")
         if not isinstance(stop_at_eos, bool):
-            raise ValueError(f"stop_at_eos={stop_at_eos!r} must be True or False.")
+            raise ValueError(f"stop_at_eos={stop_at_eos!r} must be True (the default) or False (the release: never "
+                             "stop at EOS).")
+        if (native_cache_order, native_context) == ("first_hitting", "sliding"):
+            raise ValueError("native_cache_order='first_hitting' with native_context='sliding' is not supported (past "
+                             "the trained length the release then crops by position and masks by position id, which "
+                             "is not reproduced): choose one of them.")
         if config is None and (native_cache_order, native_context) != ("position", "full"):
             raise ValueError("native_cache_order='first_hitting' and native_context='sliding' read the model "
                              "config: pass config=model.config.")
+        if native_context == "sliding" and 2 * width >= config.block_size:
+            raise ValueError(f"native_context='sliding' keeps cache + call rows within block_size={config.block_size} "
+                             "and a call has up to 2 * speculative_width rows: use speculative_width < "
+                             f"{config.block_size / 2:g} or native_context='full'.")
         self.threshold = confidence_threshold
         self.stop_at_eos = stop_at_eos
         self.context_length = config.block_size if native_context == "sliding" else None
