@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,15 +22,11 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.utils import ModelOutput
 
 from .acceptance import Greedy, RejectionSampler
-from .any_order_runner import run_any_order
 from .candidates import PackedSSCandidateGenerator
-from .layouts import NemotronLayout, SetDLMLayout
+from .engine import SCHEDULES, WINDOW_SCHEDULES, DecodingStats, Forward, SamePositionLayout, ShiftedBlockLayout, decode
 from .lora import proposal_only_adapters, proposal_rows
 from .modeling import cache_keyword
 from .order import ORDERS
-from .runner import Forward, run
-from .schedules import SCHEDULES, WINDOW_SCHEDULES
-from .stats import DecodingStats
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
           "assistant_model")
@@ -43,11 +38,10 @@ _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": N
 
 @dataclass(frozen=True)
 class Family:
-    """How one model family decodes: its layout, schedules, runner and the widths it allows."""
+    """How one model family decodes: its layout, schedules and the widths it allows."""
 
     layout: type
     schedules: dict
-    runner: Callable
     any_order: bool
 
     def widths(self, config) -> tuple[int, int]:
@@ -59,10 +53,10 @@ class Family:
 
 # Decoding engine per model family (config.model_type). Any other causal LM whose config carries
 # `mask_token_id` and `block_size` (a base model with a proposal-only drafter) uses the prefix family.
-PREFIX = Family(NemotronLayout, SCHEDULES, run, any_order=False)
+PREFIX = Family(ShiftedBlockLayout, SCHEDULES, any_order=False)
 FAMILIES = {
     "nemotron_labs_diffusion": PREFIX,
-    "setdlm": Family(SetDLMLayout, WINDOW_SCHEDULES, run_any_order, any_order=True),
+    "setdlm": Family(SamePositionLayout, WINDOW_SCHEDULES, any_order=True),
 }
 
 
@@ -426,19 +420,11 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
     schedule = schedule_class(width, acceptance, **extra)
     candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
+    layout = fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
     with torch.inference_mode(), proposal_only_adapters(decoder):
-        sequence, stats = fam.runner(
-            model_forward(decoder),
-            schedule,
-            fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"])),
-            input_ids[0],
-            max(0, max_new),
-            eos,
-            processors,
-            stop,
-            hooks.get("streamer"),
-            **({} if candidates is None else {"candidates": candidates}),
-        )
+        sequence, stats = decode(model_forward(decoder), schedule, layout, input_ids[0], max(0, max_new), eos,
+                                 processors, stop, hooks.get("streamer"),
+                                 trace=None if candidates is None else candidates.observe)
     sequences = sequence[None]
     if config.return_dict_in_generate:
         return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)

@@ -1,43 +1,5 @@
-"""Decoding statistics returned as ``output.decoding_stats`` (paper section 4 and appendix E.5)."""
+"""Old import path (now `hf_packed_ss.engine.stats`)."""
 
-from __future__ import annotations
+from .engine.stats import DecodingStats
 
-from dataclasses import asdict, dataclass, field
-
-
-@dataclass
-class DecodingStats:
-    """Counts for one decoded sequence.
-
-    Attributes:
-        schedule: the `assistant_mode` used; width: speculative width W (0 for `ar`).
-        nfe: model forward passes, prompt processing included.
-        new_tokens: generated tokens returned (after EOS / length truncation).
-        rows_per_call: input rows of every call, in order.
-        accepted_per_iteration: tokens appended to the output by each iteration (a Linear-SS
-            iteration is its drafting call plus its verification call).
-        model_time_s: wall time inside model forward calls (device-synchronised).
-        decoder_time_s: wall time of the whole decode, prefill included, loading and tokenisation excluded.
-        speculative_branches: hybrid_ss's k (None for every other schedule).
-    """
-
-    schedule: str
-    width: int
-    nfe: int = 0
-    new_tokens: int = 0
-    rows_per_call: list[int] = field(default_factory=list)
-    accepted_per_iteration: list[int] = field(default_factory=list)
-    model_time_s: float = 0.0
-    decoder_time_s: float = 0.0
-    speculative_branches: int | None = None
-
-    @property
-    def tokens_per_nfe(self) -> float:
-        return self.new_tokens / self.nfe if self.nfe else 0.0
-
-    @property
-    def non_model_time_s(self) -> float:
-        return self.decoder_time_s - self.model_time_s
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_nfe": self.tokens_per_nfe, "non_model_time_s": self.non_model_time_s}
+__all__ = ["DecodingStats"]

@@ -30,14 +30,14 @@ class OracleLayout(NemotronLayout):
         truth = torch.tensor(self.continuation + [0])[k.clamp(0, len(self.continuation))]
         return torch.where(right, truth, noise)
 
-    def build(self, plan, prefix, cache_len):
-        call = super().build(plan, prefix, cache_len)
-        read, n = call.read, prefix.numel()
+    def build(self, plan, state):
+        call = super().build(plan, state)
+        read = call.read
 
         def oracle_read(logits: torch.Tensor) -> CallResult:
             result = read(logits)
-            for proposal, block in zip(plan.proposals, result.proposals, strict=True):
-                tokens = self._tokens(n + proposal.branch + torch.arange(block.shape[0]))
+            for ranks, block in zip(result.proposal_ranks, result.proposals, strict=True):
+                tokens = self._tokens(torch.tensor([state.origin + plan.position(r) for r in ranks], dtype=torch.long))
                 block.fill_(-1.0)
                 block[torch.arange(block.shape[0]), tokens] = 1.0
             return result

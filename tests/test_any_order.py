@@ -14,6 +14,7 @@ from conftest import tiny_setdlm
 
 from hf_packed_ss.acceptance import Greedy, probabilities
 from hf_packed_ss.any_order_runner import run_any_order
+from hf_packed_ss.engine import decode as decode_loop
 from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import SetDLMLayout
 from hf_packed_ss.schedules import WINDOW_SCHEDULES
@@ -54,13 +55,14 @@ def decode(model, mode, prompt, length, width, order="ltr", eos=(), stop=None, t
     """Run the any-order runner directly; `trace` collects (plan, call, accepted) per call."""
     schedule = WINDOW_SCHEDULES[mode](width, Greedy(), order, **kw)
     layout, forward = SetDLMLayout(MASK, static_shapes=static), model_forward(model)
-    if trace is not None:
-        build, advance, call_model = layout.build, schedule.advance, forward
-        layout.build = lambda plan, *a: trace.append({"plan": plan, "call": build(plan, *a)}) or trace[-1]["call"]
-        schedule.advance = lambda plan, result: trace[-1].update(out=advance(plan, result)) or trace[-1]["out"]
-        forward = lambda call, cache: trace[-1].update(logits=call_model(call, cache)) or trace[-1]["logits"]  # noqa: E731
+    def record(step):  # the loop's trace hook, as (plan, call, logits, (pairs, h)) per call
+        verdict = step.verdict
+        out = None if verdict is None else (list(zip(verdict.positions, verdict.tokens, strict=True)), verdict.h)
+        trace.append({"plan": step.plan, "call": step.call, "logits": step.logits, "out": out})
+
     with torch.no_grad():
-        seq, stats = run_any_order(forward, schedule, layout, torch.tensor(prompt), length, eos, None, stop)
+        seq, stats = decode_loop(forward, schedule, layout, torch.tensor(prompt), length, eos, None, stop,
+                                 trace=None if trace is None else record)
     return seq[len(prompt):].tolist(), stats
 
 
@@ -244,7 +246,7 @@ def test_native_honours_threshold_and_window(setdlms):
             plan = step["plan"]
             left = min(set(range(30)) - resolved)
             assert plan.order == tuple(j for j in range(left, min(left + 6, 30)) if j not in resolved)
-            assert plan.draft is None and not plan.verify  # drafting rows only
+            assert plan.available == 0 and not plan.verify  # drafting rows only
             conf, tokens = probabilities(step["call"].read(step["logits"]).proposals[0]).max(dim=-1)
             expect = {plan.order[r] for r in range(len(plan.order)) if conf[r] >= threshold}
             expect.add(plan.order[int(conf.argmax())])

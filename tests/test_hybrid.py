@@ -211,9 +211,9 @@ def test_prefix_branch_rule_call_by_call(k):
 
     class Logged(HybridSSSchedule):
         def advance(self, plan, result):
-            accepted = super().advance(plan, result)
-            log.append((plan.n_draft, accepted.numel() - 1, self.draft.numel()))
-            return accepted
+            verdict = super().advance(plan, result)
+            log.append((plan.n_draft, verdict.h, self.draft.numel()))
+            return verdict
 
     prompt = torch.tensor([1, 2, 3])
     seq, stats = run(forward, Logged(width, speculative_branches=k), NemotronLayout(mask_id), prompt, 80)
@@ -237,9 +237,9 @@ def test_any_order_branch_rule_call_by_call(k):
 
     class Logged(WindowHybridSSSchedule):
         def advance(self, plan, result):
-            accepted, h = super().advance(plan, result)
-            log.append((plan.order, plan.available, h, plan.regions))
-            return accepted, h
+            verdict = super().advance(plan, result)
+            log.append((plan.order, plan.available, verdict.h, plan.regions))
+            return verdict
 
     prompt = torch.tensor([1, 2, 3])
     seq, _ = run_any_order(forward, Logged(width, speculative_branches=k), SetDLMLayout(mask_id), prompt, 60)

@@ -23,7 +23,7 @@ from hf_packed_ss.any_order_runner import run_any_order
 from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
 from hf_packed_ss.runner import run
-from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule, WindowSchedule
+from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule
 
 V, EOS, L, WIDTH = 6, 0, 3, 2
 PROMPT = torch.tensor([1, 2])
@@ -69,7 +69,7 @@ def exact_distribution(model, processors) -> dict[tuple, float]:
 
 def sample(model, schedule, processors, n: int, seed: int) -> Counter:
     torch.manual_seed(seed)
-    any_order = isinstance(schedule, WindowSchedule)
+    any_order = model.config.model_type == "setdlm"
     forward = model_forward(model)
     layout = (SetDLMLayout if any_order else NemotronLayout)(model.config.mask_token_id)
     runner = run_any_order if any_order else run
@@ -99,7 +99,7 @@ class FreshQPackedSS(PackedSSSchedule):
 
     def advance(self, plan, result):
         if self.started and plan.n_draft:
-            self.q = ProposalDistribution.from_logits(result.proposals[0][: plan.n_draft])
+            self.draft.q = ProposalDistribution.from_logits(result.proposals[0][: plan.n_draft])
         return super().advance(plan, result)
 
 

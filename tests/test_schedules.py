@@ -90,9 +90,9 @@ class ThresholdLayout(NemotronLayout):
         out[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
         return out
 
-    def build(self, plan, prefix, cache_len):
-        call = super().build(plan, prefix, cache_len)
-        done = prefix.numel() - self.prompt_len  # verified output tokens before this call
+    def build(self, plan, state):
+        call = super().build(plan, state)
+        done = state.left  # verified output tokens before this call
         L = len(self.target)
 
         def tok(k):  # target token at 1-indexed output position k (anything past the end)
@@ -101,13 +101,13 @@ class ThresholdLayout(NemotronLayout):
         def read(_logits):
             verifier = self._onehot([tok(done + i) for i in range(1, plan.n_draft + 2)]) if plan.verify else None
             proposals = []
-            for p in plan.proposals:
+            for p, ranks in zip(plan.proposals, call.proposal_ranks, strict=True):
                 c = done + p.branch
-                ks = [c + 1 + j for j in range(p.length)]
+                ks = [done + 1 + r for r in ranks]
                 right = [k > L or c >= self.thresholds[k - 1] for k in ks]
                 proposals.append(self._onehot([tok(k) if ok else (tok(k) + 1) % (self.vocab - 1)
                                                for k, ok in zip(ks, right, strict=True)]))
-            return CallResult(verifier=verifier, proposals=proposals)
+            return CallResult(verifier=verifier, proposals=proposals, proposal_ranks=call.proposal_ranks)
 
         call.read = read
         return call

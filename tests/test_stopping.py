@@ -143,7 +143,7 @@ def test_candidate_generator_exposes_the_retained_draft(loaded, mode, do_sample)
                 q = cand_logits.softmax(-1)[0]
                 assert cand_logits.shape == (1, k, model.config.vocab_size)
                 assert torch.allclose(q.sum(-1), torch.ones(k, dtype=q.dtype))
-                assert (q[torch.arange(k), schedule.draft] > 0).all()  # each draft token came from its Q
+                assert (q[torch.arange(k), schedule.draft.tokens] > 0).all()  # each draft token came from its Q
             else:
                 assert cand_logits is None
             seen.append(k)

@@ -93,47 +93,32 @@ def layout_default_static_shapes(any_order: bool = False) -> bool:
 
 @lru_cache(maxsize=1024)
 def _steady_rows(schedule: str, width: int, any_order: bool, static_shapes: bool, options: tuple) -> tuple[int, ...]:
-    from ..layouts import NemotronLayout, SetDLMLayout
-    from ..schedules import SCHEDULES, WINDOW_SCHEDULES
+    from ..engine import SCHEDULES, WINDOW_SCHEDULES, SamePositionLayout, ShiftedBlockLayout, decode
 
     table = WINDOW_SCHEDULES if any_order else SCHEDULES
     steady = sorted(m for m, s in table.items() if s.exact)  # the native decoder commits by threshold: no steady state
     if schedule not in steady:
         raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of {steady}.")
-    s = table[schedule](width, **dict(options))
-    token = torch.zeros(1, dtype=torch.long)
-    iterations: list[list[int]] = []
-    if any_order:
-        layout, resolved, pending = SetDLMLayout(_MASK, static_shapes=static_shapes), 0, token
-        s.begin(4 * width + 4, token.device)
-    else:
-        layout, prefix = NemotronLayout(_MASK, static_shapes=static_shapes), torch.zeros(2, dtype=torch.long)
-    while len(iterations) < 3:  # the first iteration, the next one (a full draft on Nemotron), the steady state
-        rows = []
-        while True:
-            if any_order:  # LTR: the window is the W leftmost unresolved positions after one cached prompt token
-                plan = s.plan(list(range(resolved, resolved + width)))
-                call = layout.build(plan, pending, torch.tensor([resolved])[: pending.numel()], 1, 1)
-                # N enters the cache; a verification leaves its correction as the next call's N
-                pending = token if plan.verify else token[:0]
-            else:  # P = two tokens, the first cached
-                plan = s.plan()
-                call = layout.build(plan, prefix, 1)
-            rows.append(call.rows)
-            s.advance(plan, call.read(_rejecting_logits(call)))
-            if plan.verify:  # an iteration ends with its verification
-                break
-        if any_order:
-            resolved += 1  # the rejection resolves exactly the first rank (the verifier's correction)
-        iterations.append(rows)
-    return tuple(iterations[-1])
+    layout = (SamePositionLayout if any_order else ShiftedBlockLayout)(_MASK, static_shapes=static_shapes)
+    iterations: list[list[int]] = [[]]
+
+    def record(step) -> None:  # an iteration ends with its verification
+        iterations[-1].append(step.call.rows)
+        if step.plan.verify:
+            iterations.append([])
+
+    # every draft is rejected, so each iteration resolves one position: stop after four, with full windows
+    decode(lambda call, cache: _rejecting_logits(call), table[schedule](width, **dict(options)), layout,
+           torch.zeros(2, dtype=torch.long), 2 * width + 8, stop=lambda ids: ids.numel() >= 6, trace=record)
+    return tuple(iterations[2])
 
 
 def rows_per_iteration(schedule: str, width: int, any_order: bool = False, static_shapes: bool = True,
                        **options) -> list[int]:
     """Rows of each call of one steady-state iteration, read from the engine: the schedule
     (`schedules.SCHEDULES`, or `WINDOW_SCHEDULES` when `any_order`) is driven through its own plans and the real
-    layout (`NemotronLayout` / `SetDLMLayout`) on a two-token prefix, with no model: every draft is rejected at its
+    layout (`ShiftedBlockLayout` / `SamePositionLayout`) through the decoding loop on a two-token prompt, with no
+    model: every draft is rejected at its
     first token (h = 0, what a random drafter gives nearly always), and the rows of the third iteration are
     returned, by which time every schedule repeats itself. That is the largest steady-state call of every
     schedule: each accepted draft token only shortens the next draft; SetDLM windows have one pending token (the

@@ -1,6 +1,9 @@
-"""Layouts: how one model family is asked a plan (paper appendix D)."""
+"""Old import path of the layouts (now `hf_packed_ss.engine.layouts`), under their model-family names."""
 
-from .nemotron import NemotronLayout, PackedCall
-from .setdlm import SetDLMLayout
+from ..engine.contract import PackedCall
+from ..engine.layouts import SamePositionLayout, ShiftedBlockLayout
 
-__all__ = ["NemotronLayout", "PackedCall", "SetDLMLayout"]
+NemotronLayout = ShiftedBlockLayout  # appendix D.1
+SetDLMLayout = SamePositionLayout  # appendix D.2
+
+__all__ = ["NemotronLayout", "PackedCall", "SamePositionLayout", "SetDLMLayout", "ShiftedBlockLayout"]

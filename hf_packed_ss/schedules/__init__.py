@@ -1,23 +1,23 @@
-"""Decoding schedules, by `assistant_mode` name: prefix schedules (Nemotron layout) and any-order window
-schedules (SetDLM layout)."""
+"""Old import path of the schedules (now `hf_packed_ss.engine.schedules`); one class per mode serves both families."""
 
-from .any_order import WINDOW_SCHEDULES, NativeSchedule, WindowHybridSSSchedule, WindowSchedule
-from .ar import ARSchedule
-from .base import Schedule
-from .linear_ss import LinearSSSchedule
-from .packed_ss import (
+from ..engine.schedules import (
     DEFAULT_BRANCHES,
     HYBRID,
-    BranchedSSSchedule,
-    HybridSSSchedule,
+    SCHEDULES,
+    WINDOW_SCHEDULES,
+    ARSchedule,
+    LinearSSSchedule,
+    NativeSchedule,
     PackedSSSchedule,
     QuadraticSSSchedule,
+    Schedule,
     check_branches,
 )
+from ..engine.schedules import HybridSSSchedule as HybridSSSchedule
 
-SCHEDULES: dict[str, type[Schedule]] = {
-    s.name: s for s in (ARSchedule, LinearSSSchedule, QuadraticSSSchedule, PackedSSSchedule, HybridSSSchedule)
-}
+BranchedSSSchedule = WindowPackedSSSchedule = PackedSSSchedule  # earlier names
+WindowSchedule = Schedule
+WindowHybridSSSchedule = HybridSSSchedule
 
 __all__ = [
     "DEFAULT_BRANCHES",
@@ -33,6 +33,7 @@ __all__ = [
     "QuadraticSSSchedule",
     "Schedule",
     "WindowHybridSSSchedule",
+    "WindowPackedSSSchedule",
     "WindowSchedule",
     "check_branches",
 ]

@@ -1,0 +1,32 @@
+"""The decoding engine: contract (plan, result, verdict), decoder state, the one loop, acceptance, verification
+orders, schedules and layouts. It imports no model class and no tool."""
+
+from .acceptance import Acceptance, Greedy, ProposalDistribution, RejectionSampler
+from .contract import CallResult, PackedCall, Plan, Proposal, Verdict
+from .layouts import SamePositionLayout, ShiftedBlockLayout
+from .loop import Forward, Step, decode
+from .schedules import SCHEDULES, WINDOW_SCHEDULES, Schedule
+from .state import DecoderState
+from .stats import DecodingStats
+
+__all__ = [
+    "SCHEDULES",
+    "WINDOW_SCHEDULES",
+    "Acceptance",
+    "CallResult",
+    "DecoderState",
+    "DecodingStats",
+    "Forward",
+    "Greedy",
+    "PackedCall",
+    "Plan",
+    "Proposal",
+    "ProposalDistribution",
+    "RejectionSampler",
+    "SamePositionLayout",
+    "Schedule",
+    "ShiftedBlockLayout",
+    "Step",
+    "Verdict",
+    "decode",
+]

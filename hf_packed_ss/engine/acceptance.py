@@ -1,0 +1,121 @@
+"""Acceptance: how draft tokens are proposed, how many survive verification, and which verifier token
+follows them. Pure tensor code shared by every schedule.
+
+Two policies with one interface (`propose`, `verify`):
+
+* `Greedy` — argmax drafts, prefix match (paper section 3.1, eq. 2-3).
+* `RejectionSampler` — drafts sampled from the drafter's processed distribution Q, which is *stored*
+  with each draft token; verification accepts d with probability min(1, p(d) / Q(d)), the first
+  rejection draws a correction from the normalised positive part of p - Q, full acceptance draws a
+  bonus from p (section 3.2, Algorithm 2, proof in appendix B.2). Variable names follow the paper:
+  p = verifier (AR mode), Q = stored proposal distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax in float32 or better (half-precision logits are upcast; float64 stays float64)."""
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    return logits.softmax(dim=-1)
+
+
+@dataclass
+class ProposalDistribution:
+    """Q for each draft position: dense ``probs`` of shape ``(n, V)``, or sparse after top-k / top-p
+    truncation, ``probs`` and ``index`` of shape ``(n, m)`` with m the largest support (zeros pad the
+    shorter rows), so memory per draft token does not grow with the vocabulary."""
+
+    probs: torch.Tensor
+    index: torch.Tensor | None
+    vocab: int
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor) -> ProposalDistribution:
+        probs = probabilities(logits)
+        support = int((probs > 0).sum(dim=-1).max()) if len(probs) else 0
+        if support > probs.shape[-1] // 2 or not len(probs):
+            return cls(probs, None, probs.shape[-1])
+        top, index = probs.topk(support, dim=-1)
+        return cls(top, index, probs.shape[-1])
+
+    def __getitem__(self, rows: slice) -> ProposalDistribution:
+        return ProposalDistribution(self.probs[rows], None if self.index is None else self.index[rows], self.vocab)
+
+    def __len__(self) -> int:
+        return self.probs.shape[0]
+
+    def sample(self, generator: torch.Generator | None) -> torch.Tensor:
+        """Draw one token per row (Algorithm 2, line 12)."""
+        picks = torch.multinomial(self.probs, 1, generator=generator)
+        return (picks if self.index is None else self.index.gather(-1, picks)).squeeze(-1)
+
+    def prob(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Q_i(tokens_i) for each row i."""
+        if self.index is None:
+            return self.probs.gather(-1, tokens[:, None]).squeeze(-1)
+        return (self.probs * (self.index == tokens[:, None])).sum(dim=-1)
+
+    def dense(self, row: int) -> torch.Tensor:
+        """Row `row` as a ``(V,)`` vector (only the correction needs it)."""
+        if self.index is None:
+            return self.probs[row]
+        return torch.zeros(self.vocab, dtype=self.probs.dtype, device=self.probs.device).scatter(
+            0, self.index[row], self.probs[row]
+        )
+
+
+class Greedy:
+    """Temperature-0 acceptance: the stored proposal collapses to its draft token (section 3.2)."""
+
+    def propose(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return logits.argmax(dim=-1), None
+
+    def verify(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Algorithm 1, lines 5-6. `logits` ``(k + 1, V)``: row i scores draft position i + 1.
+
+        Returns d^(1..h) followed by v^(h+1) (correction or bonus), on the host, and h. Without a bonus row
+        (``k`` rows: an any-order window whose every position has a draft) a full match returns d alone."""
+        verified = logits.argmax(dim=-1)
+        k = draft.numel()
+        match = (draft == verified[:k]).cumprod(dim=0).sum()[None] if k else verified.new_zeros(1)
+        h, *tokens = torch.cat([match, verified]).tolist()  # the call's one host sync: h and the tokens together
+        return torch.tensor(tokens[: h + 1], dtype=torch.long), h
+
+
+class RejectionSampler:
+    """Speculative rejection sampling against the stored Q (Algorithm 2, lines 5-8)."""
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
+    def propose(self, logits: torch.Tensor) -> tuple[torch.Tensor, ProposalDistribution]:
+        q = ProposalDistribution.from_logits(logits)
+        return q.sample(self.generator), q
+
+    def verify(self, draft: torch.Tensor, q: ProposalDistribution | None, logits: torch.Tensor):
+        p = probabilities(logits)  # (k + 1, V)
+        k = draft.numel()
+        h = 0
+        if k:
+            ratio = p[torch.arange(k), draft] / q.prob(draft).to(p.dtype)  # Q(d) > 0: d was drawn from Q
+            u = torch.rand(k, generator=self.generator, dtype=p.dtype, device=p.device)
+            h = int((u < ratio).cumprod(dim=0).sum())  # u < min(1, ratio) == u < ratio as u < 1
+        if h == k == logits.shape[0]:
+            return draft, h  # any-order window fully accepted: no bonus row (appendix C, A_t = u_t)
+        if h < k:
+            residual = (p[h] - q.dense(h).to(p.dtype)).clamp_min(0)
+            # Rejection implies p(d) < Q(d), so the residual has mass; rounding could still zero it.
+            target = residual if residual.sum() > 0 else p[h]
+        else:
+            target = p[k]  # bonus
+        token = torch.multinomial(target, 1, generator=self.generator)
+        return torch.cat([draft[:h], token]), h
+
+
+Acceptance = Greedy | RejectionSampler

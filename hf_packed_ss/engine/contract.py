@@ -1,0 +1,170 @@
+"""The contract between a Schedule (what to ask), a Layout (how to ask one model family) and the loop.
+
+Positions are output positions (0 = the first token after the prompt); ranks follow the verification order
+pi_t over the active window U_t. A schedule plans in ranks, a layout turns a plan into rows, position ids
+and a 4D mask, and says which ranks each proposal's rows score; neither sees the other's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+EMPTY = torch.empty(0, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Ask the drafter (diffusion mode) for the ranks after a context: the verified prefix P_{t-1} plus the
+    draft tokens at ranks ``< branch`` (Packed-SS asks branch 0 only; Quadratic-SS one branch per acceptance
+    count). ``anchored`` picks the shifted-block form ``[last context token, MASK x W]`` (appendix D.1) over
+    ``[MASK x (W + 1)]`` read through the causal verifier rows; a same-position layout has one form."""
+
+    branch: int
+    anchored: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One model call.
+
+    Attributes:
+        order: pi_t, the window's unresolved positions by rank (a shifted-block window is contiguous).
+        draft: the stored draft tokens at ranks 0..kappa-1 (kappa: ranks with a draft before the first
+            without one), a 1D LongTensor on the model's device.
+        verify: whether the call verifies: ranks 0..min(kappa + 1, u) - 1 get a verifier query; rank kappa,
+            when it is in the window, is the bonus position.
+        proposals: drafting queries answered in the same call.
+    """
+
+    order: tuple[int, ...]
+    draft: torch.Tensor = EMPTY
+    verify: bool = True
+    proposals: tuple[Proposal, ...] = ()
+
+    @property
+    def available(self) -> int:
+        """kappa_t: ranks with a stored draft token before the first without one."""
+        return int(self.draft.numel())
+
+    n_draft = available
+
+    @property
+    def verify_ranks(self) -> int:
+        """Ranks with a verifier query: the draft and, when the window has room, the bonus position."""
+        return min(self.available + 1, len(self.order)) if self.verify else 0
+
+    @property
+    def branches(self) -> tuple[int, ...]:
+        return tuple(p.branch for p in self.proposals)
+
+    regions = branches
+
+    def position(self, rank: int) -> int:
+        """The output position of `rank`; ranks past the window continue it (a shifted-block proposal drafts
+        up to one block ahead of its context)."""
+        u = len(self.order)
+        return self.order[rank] if rank < u else self.order[-1] + rank - u + 1
+
+
+@dataclass
+class CallResult:
+    """A call's predictions mapped back to ranks.
+
+    Attributes:
+        verifier: ``(plan.verify_ranks, V)`` AR-mode logits, row r scoring rank r given P and the draft at
+            ranks < r; None when the call does not verify.
+        proposals: per proposal, ``(n, V)`` drafter logits, row i scoring rank ``proposal_ranks[i][i]``.
+        proposal_ranks: per proposal, the ranks its rows score.
+    """
+
+    verifier: torch.Tensor | None
+    proposals: list[torch.Tensor] = field(default_factory=list)
+    proposal_ranks: list[range] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one call decided: the tokens it accepts, by rank from 0, their positions, and how.
+
+    Attributes:
+        tokens: accepted tokens on the host, ranks 0..len-1 of the plan.
+        positions: their output positions.
+        h: how many of them are draft tokens (their rows enter the cache in this call).
+        bonus: whether the token after a fully accepted draft was drawn (a "bonus" rather than a correction).
+        kind: how the non-draft token was produced: "correction", "bonus", "verifier" (no draft: AR, a
+            prefill) or "committed" (SetDLM's native threshold commit, several per call).
+    """
+
+    tokens: list[int]
+    positions: list[int]
+    h: int = 0
+    bonus: bool = False
+    kind: str = "verifier"
+
+    @property
+    def kinds(self) -> list[str]:
+        """Provenance of each accepted token, in rank order."""
+        return ["draft" if r < self.h else self.kind for r in range(len(self.tokens))]
+
+
+DRAFTING = None  # what `Schedule.advance` returns for a call that only drafts (Linear-SS's first call)
+
+
+@dataclass
+class PackedCall:
+    """A built call: model inputs plus the maps needed to read its logits back.
+
+    Attributes:
+        input_ids, position_ids (`torch.LongTensor` of shape `(1, q)`).
+        attention_mask (`torch.BoolTensor` of shape `(1, 1, q, cache_len + q)`): True = attend.
+        logit_rows (`torch.LongTensor` of shape `(r,)`): rows whose logits are computed.
+        verifier_rows: slice of the kept logits holding the verifier predictions (or None).
+        proposal_rows: one slice of the kept logits per proposal.
+        proposal_ranks: the ranks each proposal's kept rows score.
+        cache_rows_before_draft: pending rows (N, accepted tokens not yet cached) this call processes; they
+            enter the cache whatever is accepted.
+        proposal_start: rows from this one on are proposal rows (where a proposal-only adapter applies);
+            every layout puts its proposal rows last. Equals `rows` when there are none.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_rows: torch.Tensor
+    verifier_rows: slice | None
+    proposal_rows: list[slice]
+    cache_rows_before_draft: int
+    proposal_start: int
+    proposal_ranks: list[range] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def read(self, logits: torch.Tensor) -> CallResult:
+        """Split ``(r, V)`` logits of the kept rows into verifier and proposal predictions."""
+        verifier = logits[self.verifier_rows] if self.verifier_rows is not None else None
+        return CallResult(verifier=verifier, proposals=[logits[s] for s in self.proposal_rows],
+                          proposal_ranks=list(self.proposal_ranks))
+
+    def rows_to_cache(self, n_accepted_draft: int | None) -> int:
+        """New rows that stay in the cache: the pending rows plus the accepted draft tokens' rows."""
+        return self.cache_rows_before_draft + (n_accepted_draft or 0)
+
+
+class Layout(Protocol):
+    """How one model family is asked a plan (appendix D). `build` reads the decoder state's pending rows N
+    (accepted tokens not yet in the cache), the prompt length and the cache length; `window` says which
+    positions the next call may resolve; `drafts_from_pending` whether a call that only drafts can process N
+    (the same-position layout can; the shifted-block layout drafts from P's last token, which stays pending)."""
+
+    mask_token_id: int
+    static_shapes: bool
+    drafts_from_pending: bool
+
+    def window(self, left: int, end: int, width: int, accepted) -> tuple[int, ...]: ...
+
+    def build(self, plan: Plan, state) -> PackedCall: ...

@@ -1,0 +1,129 @@
+"""The shifted-block layout (paper appendix D.1; Nemotron-Labs-Diffusion, prefix drafters): causal verifier
+rows and bidirectional proposal blocks in one input, over a KV cache that holds the verified prefix P minus its
+last token.
+
+Rows of a call, in order (cacheable rows first, so committing the cache is one crop):
+
+1. verifier block: the pending rows N, the uncached tail of P (its last token; the whole prompt on the
+   first call), then the draft tokens; causal (lower-triangular). With ``static_shapes`` the block is padded with
+   MASK rows up to W slots so every regular call has one shape (for compiled graphs); by
+   default the padding is dropped: it can never extend acceptance and no other row attends to it,
+   so dropping it is exact and saves rows when a Packed-SS draft is shorter than W.
+2. one block per proposal: ``[anchor, MASK x L]`` (anchored; the anchor is the context's last token
+   and sees only what precedes it) or ``[MASK x L]`` (unanchored; sees the whole context through the
+   causal verifier rows); bidirectional inside the block.
+
+Every row also sees the whole cache. Worked example, P = (p0 .. p9) with p0..p8 cached, draft
+(d1, d2), width W = 4, Packed-SS (one anchored proposal of length 4), static_shapes (2B = 10 rows)::
+
+    row  token  pos   sees (besides cache 0..8)
+     0   p9      9    0                     verifier: row 0 scores pos 10, row 1 pos 11, row 2 pos 12
+     1   d1     10    0-1
+     2   d2     11    0-2
+     3   MASK   12    0-3                   padding, static_shapes only (its prediction is never read)
+     4   MASK   13    0-4
+     5   p9      9    5-9                   proposal block; rows 6..9 score positions 10..13 given P
+     6   MASK   10    5-9
+     7   MASK   11    5-9
+     8   MASK   12    5-9
+     9   MASK   13    5-9
+
+(Without static_shapes rows 3-4 are absent and the proposal block is rows 3..7.)
+
+After h accepted draft tokens the cache keeps rows 0..h (p9, d1..dh); all other rows are dropped.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..contract import PackedCall, Plan
+from .mask import MaskBuffer
+
+
+class ShiftedBlockLayout:
+    """Builds `PackedCall`s for models whose AR logit at row i scores position i + 1 and whose diffusion logit
+    at a MASK row scores that row's own position.
+
+    Its window is the block B = W + 1 after P, left to right and contiguous (rank r = position left + r): a
+    draft of up to W tokens and the bonus position. A proposal drafts from its context's end: anchored, the W
+    ranks b..b+W-1; unanchored, the B ranks b..b+W (one block ahead of the context, past the window and the
+    length limit alike: every call of a schedule keeps one shape)."""
+
+    drafts_from_pending = False  # P's last token anchors a drafting-only call and stays pending
+    branches_past_draft = False  # branch b's context is P + d^(1..b): there is no branch past the draft
+
+    def __init__(self, mask_token_id: int, static_shapes: bool = False):
+        self.mask_token_id = mask_token_id
+        self.static_shapes = static_shapes
+        self.masks = MaskBuffer()  # one per decode: a call's mask is a view, valid until the next build
+
+    def window(self, left: int, end: int, width: int, accepted) -> tuple[int, ...]:
+        return tuple(range(left, left + width + 1))
+
+    def build(self, plan: Plan, state) -> PackedCall:
+        """Lay out `plan` after the verified prefix P of the decoder `state` (`state.pending`: P's uncached tail)."""
+        u, k = len(plan.order), plan.available
+        tail = state.pending_tokens() if plan.verify else state.buffer[:0]
+        device, t = tail.device, tail.numel()
+        slots = (u - 1 if self.static_shapes else k) if plan.verify else 0
+        mask_id = self.mask_token_id
+        pieces = [tail, plan.draft, torch.full((slots - k,), mask_id, dtype=torch.long, device=device)]
+        kept: list[torch.Tensor] = []
+        offset, ranks, proposal_rows = t + slots, [], []
+        verifier_rows = None
+        if plan.verify:
+            kept.append(torch.arange(t - 1, t + k, device=device))
+            verifier_rows = slice(0, k + 1)
+        n_kept = k + 1 if plan.verify else 0
+        lengths = []
+        for p in plan.proposals:
+            length = u - 1 if p.anchored else u
+            lengths.append(length)
+            if p.anchored:
+                pieces.append(plan.draft[p.branch - 1 : p.branch] if p.branch else state.last_token())
+                offset += 1
+            kept.append(torch.arange(offset, offset + length, device=device))
+            pieces.append(torch.full((length,), mask_id, dtype=torch.long, device=device))
+            offset += length
+            ranks.append(range(p.branch, p.branch + length))
+            proposal_rows.append(slice(n_kept, n_kept + length))
+            n_kept += length
+        last = state.origin + state.left - 1  # P's last token
+        first = last - t + 1 if plan.verify else last  # position of row 0
+        shape = tuple((p.branch, p.anchored, n) for p, n in zip(plan.proposals, lengths, strict=True))
+        positions, new_mask = _template(plan.verify, t, slots, shape, last - first, device)
+        return PackedCall(
+            input_ids=torch.cat(pieces)[None],
+            position_ids=(positions + first)[None],
+            attention_mask=self.masks.mask(new_mask, state.cache_len)[None, None],
+            logit_rows=torch.cat(kept),
+            verifier_rows=verifier_rows,
+            proposal_rows=proposal_rows,
+            cache_rows_before_draft=t,
+            proposal_start=t + slots,
+            proposal_ranks=ranks,
+        )
+
+
+@lru_cache(maxsize=256)
+def _template(verify: bool, t: int, slots: int, proposals: tuple, last: int, device: torch.device):
+    """Relative positions and the new-rows part of the mask, built once per call shape and device
+    (regular calls of a schedule all share one). `proposals` are (branch, anchored, length) triples, `last`
+    the relative position of P's last token. Returns (positions, (q, q) bool mask)."""
+    pos, group, limit = [], [], []
+    if verify:
+        for i in range(t + slots):
+            pos.append(i), group.append(-1), limit.append(i + 1)
+    for g, (branch, anchored, length) in enumerate(proposals):
+        start = last + branch  # relative position of the context's last token
+        block = range(start, start + 1 + length) if anchored else range(start + 1, start + 1 + length)
+        sees_before = start if anchored else start + 1  # an anchor sees only its earlier context
+        for x in block:
+            pos.append(x), group.append(g), limit.append(sees_before)
+    pos_t, group_t, limit_t = (torch.tensor(x, device=device) for x in (pos, group, limit))
+    sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
+    same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
+    return pos_t, sees_verifier | same_block
