@@ -81,11 +81,17 @@ class Greedy:
 
         Returns d^(1..h) followed by v^(h+1) (correction or bonus), on the host, and h. Without a bonus row
         (``k`` rows: an any-order window whose every position has a draft) a full match returns d alone."""
+        tokens, h = self.decide(draft, q, logits)
+        return torch.tensor(tokens, dtype=torch.long), h
+
+    def decide(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[list[int], int]:
+        """`verify` with the tokens as a host list: one host sync for h and the tokens together."""
         verified = logits.argmax(dim=-1)
         k = draft.numel()
-        match = (draft == verified[:k]).cumprod(dim=0).sum()[None] if k else verified.new_zeros(1)
-        h, *tokens = torch.cat([match, verified]).tolist()  # the call's one host sync: h and the tokens together
-        return torch.tensor(tokens[: h + 1], dtype=torch.long), h
+        if not k:
+            return verified[:1].tolist(), 0
+        h, *tokens = torch.cat([(draft == verified[:k]).cumprod(dim=0).sum()[None], verified]).tolist()
+        return tokens[: h + 1], h
 
 
 class RejectionSampler:
@@ -116,6 +122,11 @@ class RejectionSampler:
             target = p[k]  # bonus
         token = torch.multinomial(target, 1, generator=self.generator)
         return torch.cat([draft[:h], token]), h
+
+    def decide(self, draft: torch.Tensor, q: ProposalDistribution | None, logits: torch.Tensor):
+        """`verify` with the tokens as a host list."""
+        tokens, h = self.verify(draft, q, logits)
+        return tokens.tolist(), h
 
 
 Acceptance = Greedy | RejectionSampler

@@ -31,7 +31,7 @@ class Plan:
     """One model call.
 
     Attributes:
-        order: pi_t, the window's unresolved positions by rank (a shifted-block window is contiguous).
+        order: pi_t, the window's unresolved positions by rank (a shifted-block window is a contiguous range).
         draft: the stored draft tokens at ranks 0..kappa-1 (kappa: ranks with a draft before the first
             without one), a 1D LongTensor on the model's device.
         verify: whether the call verifies: ranks 0..min(kappa + 1, u) - 1 get a verifier query; rank kappa,
@@ -65,8 +65,16 @@ class Plan:
     def position(self, rank: int) -> int:
         """The output position of `rank`; ranks past the window continue it (a shifted-block proposal drafts
         up to one block ahead of its context)."""
+        if isinstance(self.order, range):
+            return self.order.start + rank
         u = len(self.order)
         return self.order[rank] if rank < u else self.order[-1] + rank - u + 1
+
+    def positions(self, ranks: range):
+        """The output positions of `ranks` (a range when the window is one)."""
+        if isinstance(self.order, range):
+            return range(self.order.start + ranks.start, self.order.start + ranks.stop)
+        return tuple(self.position(r) for r in ranks)
 
 
 @dataclass

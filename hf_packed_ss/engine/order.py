@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 
-def ltr(window: list[int], scores: dict[int, float]) -> tuple[int, ...]:
-    """Left to right: the AR order."""
-    return tuple(window)
+def ltr(window, scores: dict[int, float]):
+    """Left to right: the AR order (the window itself, which may be a range)."""
+    return window
 
 
 def confidence(window: list[int], scores: dict[int, float]) -> tuple[int, ...]:

@@ -37,13 +37,14 @@ class Draft:
     """D_{t-1}: draft tokens at output positions (the tokens stay on the model's device) and the Q they were
     drawn from (None under greedy decoding)."""
 
-    positions: tuple[int, ...] = ()
+    positions: tuple[int, ...] | range = ()
     tokens: torch.Tensor = EMPTY
     q: ProposalDistribution | None = None
     index: dict[int, int] = field(default_factory=dict)  # position -> row of `tokens` and `q`
 
     def __post_init__(self):
-        self.index = self.index or {j: i for i, j in enumerate(self.positions)}
+        if not self.index and not isinstance(self.positions, range):
+            self.index = {j: i for i, j in enumerate(self.positions)}
 
     def numel(self) -> int:
         return len(self.positions)
@@ -51,23 +52,27 @@ class Draft:
     def __getitem__(self, rows: slice) -> Draft:
         return Draft(self.positions[rows], self.tokens[rows], None if self.q is None else self.q[rows])
 
-    def rows(self, order: tuple[int, ...]) -> list[int]:
+    def rows(self, order) -> slice | list[int]:
         """Rows of the draft at ranks 0..kappa-1 of `order` (kappa: ranks before the first without a draft)."""
+        positions = self.positions
+        if isinstance(positions, range) and isinstance(order, range):  # left to right: arithmetic, no lookups
+            first = order.start - positions.start
+            if not order or not 0 <= first < len(positions):
+                return slice(0, 0)
+            return slice(first, first + min(len(order), len(positions) - first))
         out = []
         for j in order:
-            i = self.index.get(j)
+            i = positions.index(j) if isinstance(positions, range) and j in positions else self.index.get(j)
             if i is None:
                 break
             out.append(i)
+        if out and out == list(range(out[0], out[0] + len(out))):
+            return slice(out[0], out[0] + len(out))
         return out
 
-    def at(self, order: tuple[int, ...]) -> tuple[torch.Tensor, ProposalDistribution | None]:
-        """The draft tokens at the leading ranks of `order`, and their Q rows."""
-        rows = self.rows(order)
-        if not rows:
-            return self.tokens[:0], None
-        pick = slice(rows[0], rows[0] + len(rows)) if rows == list(range(rows[0], rows[0] + len(rows))) else rows
-        return self.tokens[pick], None if self.q is None else self.q[pick]
+    def at(self, order) -> torch.Tensor:
+        """The draft tokens at the leading ranks of `order`."""
+        return self.tokens[self.rows(order)]
 
 
 class Schedule:
@@ -129,19 +134,17 @@ class Schedule:
         self.started = True
         kappa = plan.available
         q = None if self.draft.q is None or not kappa else self.draft.q[self.draft.rows(plan.order[:kappa])]
-        tokens, h = self.acceptance.verify(plan.draft, q, result.verifier)
-        tokens = tokens.tolist()
+        tokens, h = self.acceptance.decide(plan.draft, q, result.verifier)
         bonus = h == kappa < len(tokens)
         kind = "verifier" if not kappa else "bonus" if bonus else "correction"
-        return Verdict(tokens, [plan.position(r) for r in range(len(tokens))], h, bonus, kind)
+        return Verdict(tokens, list(plan.positions(range(len(tokens)))), h, bonus, kind)
 
     def draft_from(self, plan: Plan, result: CallResult, proposal: int, resolved: int, scored: bool = True) -> None:
         """Algorithm 1, line 10 (Algorithm 3, line 15): the rows of `proposal` that score ranks past the
         `resolved` ones become D_t."""
         ranks = result.proposal_ranks[proposal]
         first = max(resolved, ranks.start)
-        kept = range(first, ranks.stop)
-        positions = tuple(plan.position(r) for r in kept)
+        positions = plan.positions(range(first, ranks.stop))
         if not positions:  # the whole window was accepted
             self.draft = Draft()
             self.score = {} if scored else self.score
@@ -189,7 +192,7 @@ class PackedSSSchedule(Schedule):
 
     def plan(self, window: tuple[int, ...]) -> Plan:
         order = self.order(window, self.score)  # pi_t (left to right on the shifted-block layout)
-        draft, _ = self.draft.at(order)  # D_{t-1}, line 4
+        draft = self.draft.at(order)  # D_{t-1}, line 4
         anchored = self.anchored and self.started  # appendix E.2: the first call drafts a whole block, unanchored
         branches = self.branches(draft.numel(), len(order))
         return Plan(order, draft, proposals=tuple(Proposal(b, anchored) for b in branches))
@@ -258,7 +261,7 @@ class LinearSSSchedule(Schedule):
             return Plan(order=window[:1])  # prefill: verify the empty draft
         if self.pending_order is None:
             return Plan(self.order(window, self.score), verify=False, proposals=(Proposal(0, anchored=True),))
-        return Plan(self.pending_order, self.draft.at(self.pending_order)[0])
+        return Plan(self.pending_order, self.draft.at(self.pending_order))
 
     def advance(self, plan: Plan, result: CallResult) -> Verdict | None:
         if not plan.verify:

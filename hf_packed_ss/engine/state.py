@@ -100,7 +100,8 @@ class DecoderState:
     def commit(self, consumed: int, drafts: Sequence[int], rest: Sequence[int]) -> None:
         """After a call: its first `consumed` pending rows and the rows of the accepted `drafts` entered the
         cache; `rest` (the verifier's token, a native step's commits) are pending for the next call."""
-        cached = [j for j in self.pending[:consumed] if j >= 0] if consumed else ()
+        done = self.pending[:consumed]
+        cached = range(max(done.start, 0), done.stop) if isinstance(done, range) else [j for j in done if j >= 0]
         self.cached = _join(_join(self.cached, cached), drafts)
         self.pending = _join(self.pending[consumed:], rest)
         self.cache_len += consumed + len(drafts)

@@ -34,12 +34,12 @@ from functools import lru_cache
 import torch
 
 from ..contract import PackedCall, Plan, Proposal
-from .mask import MaskBuffer
+from .mask import LayoutBase
 
 ROW_N, ROW_O, ROW_M, ROW_R = 0, 1, 2, 3  # row kinds
 
 
-class SamePositionLayout:
+class SamePositionLayout(LayoutBase):
     """Builds `PackedCall`s for same-position predictors (the logit at a MASK row scores its own position).
 
     Its window is up to W unresolved positions from the leftmost one, never past the last output position E.
@@ -51,11 +51,6 @@ class SamePositionLayout:
 
     drafts_from_pending = True  # a drafting call is [N | R]
     branches_past_draft = True  # D.3's static form has a region per rank
-
-    def __init__(self, mask_token_id: int, static_shapes: bool = False):
-        self.mask_token_id = mask_token_id
-        self.static_shapes = static_shapes
-        self.masks = MaskBuffer()  # one per decode: a call's mask is a view, valid until the next build
 
     def window(self, left: int, end: int, width: int, accepted) -> tuple[int, ...]:
         return tuple(j for j in range(left, min(end, left + width - 1) + 1) if j not in accepted)
@@ -76,42 +71,35 @@ class SamePositionLayout:
         o_rows = (u if self.static_shapes else kappa) if drafting else 0
         m = (u if self.static_shapes else min(kappa + 1, u)) if plan.verify else 0
         used = [self.ranks(plan, proposal) for proposal in plan.proposals]  # R ranks whose logits are read
-        laid = [range(u) if self.static_shapes else r for r in used]  # R ranks laid out, per region
-        regions = tuple((b, r.start) for b, r in zip(plan.branches, laid, strict=True))
-        new, rank_index = _template(p, u, o_rows, kappa, m, regions, device)
-        masks = torch.full((o_rows - kappa + m + sum(map(len, laid)),), self.mask_token_id, dtype=torch.long,
-                           device=device)
+        starts = tuple((b, 0 if self.static_shapes else r.start, r.start) for b, r in zip(plan.branches, used,
+                                                                                          strict=True))
+        new, rank_index, kept, slices, n_masks = _template(p, u, o_rows, kappa, m, plan.verify_ranks, starts, device)
         window = state.absolute(plan.order)
-        first_logit = p + o_rows  # M and R rows follow N and O
-        kept, row, slices = list(range(first_logit, first_logit + plan.verify_ranks)), first_logit + m, []
-        for lay, read in zip(laid, used, strict=True):
-            kept += range(row + read.start - lay.start, row + len(lay))
-            slices.append(slice(len(kept) - len(read), len(kept)))
-            row += len(lay)
         return PackedCall(
-            input_ids=torch.cat([pending, plan.draft, masks])[None],
+            input_ids=torch.cat([pending, plan.draft, self.mask_ids(n_masks, device)])[None],
             position_ids=torch.cat([pending_positions, window[rank_index]])[None],
             attention_mask=self.masks.mask(new, state.cache_len)[None, None],
-            logit_rows=torch.tensor(kept, dtype=torch.long, device=device),
+            logit_rows=kept,
             verifier_rows=slice(0, plan.verify_ranks) if plan.verify else None,
-            proposal_rows=slices,
+            proposal_rows=list(slices),
             cache_rows_before_draft=p,
-            proposal_start=first_logit + m,
+            proposal_start=p + o_rows + m,  # M and R rows follow N and O
             proposal_ranks=used,
         )
 
 
 @lru_cache(maxsize=1024)
-def _template(p: int, u: int, o_rows: int, kappa: int, m: int, regions: tuple[tuple[int, int], ...],
-              device: torch.device):
-    """The new-rows mask for one call shape (few shapes recur: p in {0, 1}, a full window, drafts on a prefix
-    of the ranks), and the rank of each O, M and R row. O rows are ranks 0..o_rows-1 (drafted below `kappa`),
-    `m` the number of M rows, `regions` (b, first R rank laid out) pairs. Returns ((q, q) bool, rank index)."""
+def _template(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, regions: tuple, device: torch.device):
+    """Everything about one call shape that does not depend on the tokens (few shapes recur: p in {0, 1}, a full
+    window, drafts on a prefix of the ranks). O rows are ranks 0..o_rows-1 (drafted below `kappa`), `m` the
+    number of M rows (the first `verify_ranks` read), `regions` (b, first R rank laid out, first R rank read)
+    triples. Returns the (q, q) bool mask, the rank of each O, M and R row, the kept logit rows, the slice of
+    them per region and the number of MASK rows."""
     # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
     kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
     groups = [(ROW_O, list(range(o_rows)), list(range(o_rows)), [r < kappa for r in range(o_rows)]),
               (ROW_M, list(range(m)), list(range(m)), [False] * m)]
-    groups += [(ROW_R, list(range(first, u)), [b] * (u - first), [False] * (u - first)) for b, first in regions]
+    groups += [(ROW_R, list(range(first, u)), [b] * (u - first), [False] * (u - first)) for b, first, _ in regions]
     for k, ranks, bounds, drafts in groups:
         kind += [k] * len(ranks)
         rank += ranks
@@ -122,4 +110,12 @@ def _template(p: int, u: int, o_rows: int, kappa: int, m: int, regions: tuple[tu
     sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
     sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
     new = sees_n | sees_o | torch.eye(len(kind), dtype=torch.bool)
-    return new.to(device), rank_t[p:].to(device)
+    first_logit = p + o_rows  # M and R rows follow N and O
+    kept, row, slices = list(range(first_logit, first_logit + verify_ranks)), first_logit + m, []
+    for _, laid, read in regions:
+        kept += range(row + read - laid, row + u - laid)
+        slices.append(slice(len(kept) - (u - read), len(kept)))
+        row += u - laid
+    n_masks = len(kind) - p - kappa
+    return (new.to(device), rank_t[p:].to(device), torch.tensor(kept, dtype=torch.long, device=device),
+            tuple(slices), n_masks)

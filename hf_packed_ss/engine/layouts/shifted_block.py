@@ -40,10 +40,10 @@ from functools import lru_cache
 import torch
 
 from ..contract import PackedCall, Plan
-from .mask import MaskBuffer
+from .mask import LayoutBase
 
 
-class ShiftedBlockLayout:
+class ShiftedBlockLayout(LayoutBase):
     """Builds `PackedCall`s for models whose AR logit at row i scores position i + 1 and whose diffusion logit
     at a MASK row scores that row's own position.
 
@@ -55,13 +55,8 @@ class ShiftedBlockLayout:
     drafts_from_pending = False  # P's last token anchors a drafting-only call and stays pending
     branches_past_draft = False  # branch b's context is P + d^(1..b): there is no branch past the draft
 
-    def __init__(self, mask_token_id: int, static_shapes: bool = False):
-        self.mask_token_id = mask_token_id
-        self.static_shapes = static_shapes
-        self.masks = MaskBuffer()  # one per decode: a call's mask is a view, valid until the next build
-
-    def window(self, left: int, end: int, width: int, accepted) -> tuple[int, ...]:
-        return tuple(range(left, left + width + 1))
+    def window(self, left: int, end: int, width: int, accepted) -> range:
+        return range(left, left + width + 1)
 
     def build(self, plan: Plan, state) -> PackedCall:
         """Lay out `plan` after the verified prefix P of the decoder `state` (`state.pending`: P's uncached tail)."""
@@ -69,61 +64,49 @@ class ShiftedBlockLayout:
         tail = state.pending_tokens() if plan.verify else state.buffer[:0]
         device, t = tail.device, tail.numel()
         slots = (u - 1 if self.static_shapes else k) if plan.verify else 0
-        mask_id = self.mask_token_id
-        pieces = [tail, plan.draft, torch.full((slots - k,), mask_id, dtype=torch.long, device=device)]
-        kept: list[torch.Tensor] = []
-        offset, ranks, proposal_rows = t + slots, [], []
-        verifier_rows = None
-        if plan.verify:
-            kept.append(torch.arange(t - 1, t + k, device=device))
-            verifier_rows = slice(0, k + 1)
-        n_kept = k + 1 if plan.verify else 0
-        lengths = []
-        for p in plan.proposals:
-            length = u - 1 if p.anchored else u
-            lengths.append(length)
-            if p.anchored:
-                pieces.append(plan.draft[p.branch - 1 : p.branch] if p.branch else state.last_token())
-                offset += 1
-            kept.append(torch.arange(offset, offset + length, device=device))
-            pieces.append(torch.full((length,), mask_id, dtype=torch.long, device=device))
-            offset += length
-            ranks.append(range(p.branch, p.branch + length))
-            proposal_rows.append(slice(n_kept, n_kept + length))
-            n_kept += length
+        shape = tuple((p.branch, p.anchored, u - 1 if p.anchored else u) for p in plan.proposals)
         last = state.origin + state.left - 1  # P's last token
         first = last - t + 1 if plan.verify else last  # position of row 0
-        shape = tuple((p.branch, p.anchored, n) for p, n in zip(plan.proposals, lengths, strict=True))
-        positions, new_mask = _template(plan.verify, t, slots, shape, last - first, device)
+        positions, new_mask, kept, rows = _template(plan.verify, t, k, slots, shape, last - first, device)
+        pieces = [tail, plan.draft, self.mask_ids(slots - k, device)]
+        for branch, anchored, length in shape:
+            if anchored:
+                pieces.append(plan.draft[branch - 1 : branch] if branch else state.last_token())
+            pieces.append(self.mask_ids(length, device))
         return PackedCall(
             input_ids=torch.cat(pieces)[None],
             position_ids=(positions + first)[None],
             attention_mask=self.masks.mask(new_mask, state.cache_len)[None, None],
-            logit_rows=torch.cat(kept),
-            verifier_rows=verifier_rows,
-            proposal_rows=proposal_rows,
+            logit_rows=kept,
+            verifier_rows=slice(0, k + 1) if plan.verify else None,
+            proposal_rows=list(rows),
             cache_rows_before_draft=t,
             proposal_start=t + slots,
-            proposal_ranks=ranks,
+            proposal_ranks=[range(branch, branch + length) for branch, _, length in shape],
         )
 
 
 @lru_cache(maxsize=256)
-def _template(verify: bool, t: int, slots: int, proposals: tuple, last: int, device: torch.device):
-    """Relative positions and the new-rows part of the mask, built once per call shape and device
-    (regular calls of a schedule all share one). `proposals` are (branch, anchored, length) triples, `last`
-    the relative position of P's last token. Returns (positions, (q, q) bool mask)."""
-    pos, group, limit = [], [], []
+def _template(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: int, device: torch.device):
+    """Everything about one call shape that does not depend on the tokens, built once per shape and device
+    (regular calls of a schedule all share one): relative positions, the new-rows part of the mask, the rows
+    whose logits are kept and the slices of them per proposal. `proposals` are (branch, anchored, length)
+    triples, `last` the relative position of P's last token."""
+    pos, group, limit, kept, rows = [], [], [], [], []
     if verify:
         for i in range(t + slots):
             pos.append(i), group.append(-1), limit.append(i + 1)
+        kept += range(t - 1, t + k)
     for g, (branch, anchored, length) in enumerate(proposals):
         start = last + branch  # relative position of the context's last token
         block = range(start, start + 1 + length) if anchored else range(start + 1, start + 1 + length)
         sees_before = start if anchored else start + 1  # an anchor sees only its earlier context
+        first_mask = len(pos) + anchored
         for x in block:
             pos.append(x), group.append(g), limit.append(sees_before)
+        rows.append(slice(len(kept), len(kept) + length))
+        kept += range(first_mask, first_mask + length)
     pos_t, group_t, limit_t = (torch.tensor(x, device=device) for x in (pos, group, limit))
     sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
     same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
-    return pos_t, sees_verifier | same_block
+    return pos_t, sees_verifier | same_block, torch.tensor(kept, dtype=torch.long, device=device), tuple(rows)
