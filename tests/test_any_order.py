@@ -11,12 +11,11 @@ import pytest
 import torch
 from conftest import SETDLM_MASK as MASK
 from conftest import tiny_setdlm
+from engine import Trace, schedule_for
+from engine import decode as engine_decode
 
 from hf_packed_ss.acceptance import Greedy, probabilities
-from hf_packed_ss.any_order_runner import run_any_order
-from hf_packed_ss.engine import decode as decode_loop
 from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import SetDLMLayout
 from hf_packed_ss.schedules import WINDOW_SCHEDULES
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
@@ -53,16 +52,13 @@ def ltr_reference(model, prompt: list[int], length: int, eos: frozenset[int] = f
 
 def decode(model, mode, prompt, length, width, order="ltr", eos=(), stop=None, trace=None, static=False, **kw):
     """Run the any-order runner directly; `trace` collects (plan, call, accepted) per call."""
-    schedule = WINDOW_SCHEDULES[mode](width, Greedy(), order, **kw)
-    layout, forward = SetDLMLayout(MASK, static_shapes=static), model_forward(model)
-    def record(step):  # the loop's trace hook, as (plan, call, logits, (pairs, h)) per call
+    steps = Trace()
+    seq, stats = engine_decode(model, schedule_for(model, mode, width, Greedy(), order, **kw), prompt, length,
+                               static=static, eos=eos, stop=stop, trace=steps)
+    for step in steps if trace is not None else ():  # as (plan, call, logits, (pairs, h)) per call
         verdict = step.verdict
         out = None if verdict is None else (list(zip(verdict.positions, verdict.tokens, strict=True)), verdict.h)
         trace.append({"plan": step.plan, "call": step.call, "logits": step.logits, "out": out})
-
-    with torch.no_grad():
-        seq, stats = decode_loop(forward, schedule, layout, torch.tensor(prompt), length, eos, None, stop,
-                                 trace=None if trace is None else record)
     return seq[len(prompt):].tolist(), stats
 
 
@@ -230,9 +226,7 @@ def test_cache_holds_prompt_plus_processed_accepted_tokens(setdlms, mode):
             checked += 1
         return forward(call, cache)
 
-    schedule = WINDOW_SCHEDULES[mode](8, Greedy(), "ltr")
-    with torch.no_grad():
-        seq, _ = run_any_order(probing, schedule, SetDLMLayout(MASK), torch.tensor(prompt), 30)
+    seq, _ = engine_decode(model, schedule_for(model, mode, 8), prompt, 30, forward=probing)
     assert seq[len(prompt):].tolist() == out and checked > 5
 
 
@@ -496,8 +490,7 @@ def test_sliding_context_crops_the_cache_to_the_trained_length(short_setdlm):
                 sizes.append((cache.get_seq_length(), call.rows))
                 return forward(call, cache)
 
-            with torch.no_grad():
-                seq, stats = run_any_order(probing, schedule, SetDLMLayout(MASK), torch.tensor(prompt), 40)
+            seq, stats = engine_decode(model, schedule, prompt, 40, forward=probing)
             out = seq[len(prompt):].tolist()
             assert out == native_reference(model, prompt, 40, width, threshold, context=16)
             assert all(cached + rows <= 16 for cached, rows in sizes) and max(c for c, _ in sizes) > 8

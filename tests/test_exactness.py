@@ -6,10 +6,9 @@ import pytest
 import torch
 from conftest import reference_greedy, tiny_model
 from drafters import OracleLayout
+from engine import decode
 
-from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.runner import run
 from hf_packed_ss.schedules import SCHEDULES
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
@@ -23,7 +22,7 @@ def _prompt(seed: int, length: int, vocab: int) -> torch.Tensor:
 def _decode(model, mode, width, prompt, max_new, eos=(), layout=None):
     layout = layout or NemotronLayout(model.config.mask_token_id)
     with torch.no_grad():
-        seq, stats = run(model_forward(model), SCHEDULES[mode](width), layout, prompt, max_new, eos)
+        seq, stats = decode(model, SCHEDULES[mode](width), prompt, max_new, layout=layout, eos=eos)
     return seq[prompt.numel():].tolist(), stats
 
 

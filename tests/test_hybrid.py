@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import reference_greedy, tiny_model, tiny_setdlm
 from drafters import OracleLayout
+from engine import decode
 from test_sampling import EOS, OPTIONS, PROMPT, SAMPLES, THRESHOLD, V, _processors, exact_distribution, p_value
 from transformers import GenerationConfig
 
@@ -84,18 +85,15 @@ def test_prefix_family_is_exact_with_a_good_drafter_and_eos_mid_block(width):
         for k in ks(width):
             for static in (False, True):
                 oracle = OracleLayout(model.config.mask_token_id, vocab, full, prompt.numel(), 0.9, seed, static)
-                with torch.no_grad():
-                    seq, stats = run(model_forward(model), HybridSSSchedule(width, speculative_branches=k), oracle,
-                                     prompt, 80)
+                seq, stats = decode(model, HybridSSSchedule(width, speculative_branches=k), prompt, 80, layout=oracle)
                 assert seq[prompt.numel():].tolist() == full, (k, static)
                 assert stats.new_tokens == sum(stats.accepted_per_iteration) == 80
                 assert max(stats.rows_per_call[1:]) <= (k + 1) * (width + 1)  # B + kB
                 if width > 1:
                     assert max(stats.accepted_per_iteration) > 2
             oracle = OracleLayout(model.config.mask_token_id, vocab, full, prompt.numel(), 0.9, seed)
-            with torch.no_grad():
-                seq, _ = run(model_forward(model), HybridSSSchedule(width, speculative_branches=k), oracle, prompt,
-                             80, [eos])
+            seq, _ = decode(model, HybridSSSchedule(width, speculative_branches=k), prompt, 80, layout=oracle,
+                            eos=[eos])
             assert seq[prompt.numel():].tolist() == full[: full.index(eos) + 1]
 
 
@@ -130,8 +128,7 @@ def test_prefix_endpoints_make_the_same_calls_rows_and_acceptances(width):
             traces = []
             for schedule in (SCHEDULES[mode](width), HybridSSSchedule(width, speculative_branches=k)):
                 oracle = OracleLayout(model.config.mask_token_id, vocab, full, prompt.numel(), 0.7, 4, static)
-                with torch.no_grad():
-                    seq, stats = run(model_forward(model), schedule, oracle, prompt, 50)
+                seq, stats = decode(model, schedule, prompt, 50, layout=oracle)
                 traces.append((seq.tolist(), stats.nfe, stats.rows_per_call, stats.accepted_per_iteration))
             assert traces[0] == traces[1], (mode, static)
             assert max(traces[0][3]) > 1
@@ -216,7 +213,8 @@ def test_prefix_branch_rule_call_by_call(k):
             return verdict
 
     prompt = torch.tensor([1, 2, 3])
-    seq, stats = run(forward, Logged(width, speculative_branches=k), NemotronLayout(mask_id), prompt, 80)
+    seq, stats = decode(None, Logged(width, speculative_branches=k), prompt, 80, forward=forward,
+                        layout=NemotronLayout(mask_id))
     assert seq[3:].tolist() == truth[3:83].tolist()  # position p holds the verifier's argmax at p
     start = 3  # absolute position of the first draft token of the next iteration
     for i, (n, h, n_next) in enumerate(log):
@@ -242,7 +240,8 @@ def test_any_order_branch_rule_call_by_call(k):
             return verdict
 
     prompt = torch.tensor([1, 2, 3])
-    seq, _ = run_any_order(forward, Logged(width, speculative_branches=k), SetDLMLayout(mask_id), prompt, 60)
+    seq, _ = decode(None, Logged(width, speculative_branches=k), prompt, 60, forward=forward,
+                    layout=SetDLMLayout(mask_id))
     assert seq[3:].tolist() == truth[3:63].tolist()
     for order, available, h, regions in log:
         assert h == _expected_h([3 + j for j in order[:available]]), (order, available, h)

@@ -15,14 +15,12 @@ from collections import Counter
 import pytest
 import torch
 from conftest import tiny_model, tiny_setdlm
+from engine import decode
 from scipy.stats import chisquare
 from transformers import GenerationConfig
 
 from hf_packed_ss.acceptance import Greedy, ProposalDistribution, RejectionSampler, probabilities
-from hf_packed_ss.any_order_runner import run_any_order
-from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
-from hf_packed_ss.runner import run
+from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule
 
 V, EOS, L, WIDTH = 6, 0, 3, 2
@@ -69,16 +67,11 @@ def exact_distribution(model, processors) -> dict[tuple, float]:
 
 def sample(model, schedule, processors, n: int, seed: int) -> Counter:
     torch.manual_seed(seed)
-    any_order = model.config.model_type == "setdlm"
-    forward = model_forward(model)
-    layout = (SetDLMLayout if any_order else NemotronLayout)(model.config.mask_token_id)
-    runner = run_any_order if any_order else run
     counts: Counter = Counter()
-    with torch.no_grad():
-        for _ in range(n):
-            schedule.__init__(schedule.width, schedule.acceptance)  # fresh decoder state
-            seq, _ = runner(forward, schedule, layout, PROMPT, L, [EOS], processors)
-            counts[tuple(seq[PROMPT.numel():].tolist())] += 1
+    for _ in range(n):
+        schedule.__init__(schedule.width, schedule.acceptance)  # fresh decoder state
+        seq, _ = decode(model, schedule, PROMPT, L, eos=[EOS], processors=processors)
+        counts[tuple(seq[PROMPT.numel():].tolist())] += 1
     return counts
 
 
@@ -185,8 +178,9 @@ def test_identical_drafter_accepts_every_draft_token(mode, top_k):
     processors = tiny_model(0)._get_logits_processor(generation_config=GenerationConfig(**options))
     sampler = RecordingSampler()
     torch.manual_seed(0)
-    seq, stats = run(_positional_forward(table, mask_id), SCHEDULES[mode](5, sampler), NemotronLayout(mask_id),
-                     torch.tensor([1, 2, 3]), 60, (), processors)
+    seq, stats = decode(None, SCHEDULES[mode](5, sampler), torch.tensor([1, 2, 3]), 60,
+                        forward=_positional_forward(table, mask_id), layout=NemotronLayout(mask_id),
+                        processors=processors)
     drafted = [(h, k) for h, k in sampler.log if k]
     assert drafted and all(h == k for h, k in drafted)
     if mode != "packed_ss":  # fresh full drafts: every iteration after the first yields W + 1 tokens

@@ -6,13 +6,12 @@ import pytest
 import torch
 from conftest import reference_greedy, tiny_model
 from drafters import OracleLayout
+from engine import decode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.plan import CallResult
-from hf_packed_ss.runner import run
 from hf_packed_ss.schedules import SCHEDULES
 
 
@@ -56,7 +55,7 @@ def test_packed_ss_drops_verifier_padding_exactly(width):
     for static in (False, True):
         layout = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, 4, 0.8, 0, static)
         with torch.no_grad():
-            seq, stats = run(model_forward(model), SCHEDULES["packed_ss"](width), layout, prompt, 60)
+            seq, stats = decode(model, SCHEDULES["packed_ss"](width), prompt, 60, layout=layout)
         assert seq[4:].tolist() == full
         runs[static] = stats
     lean, padded = runs[False], runs[True]
@@ -130,7 +129,7 @@ def test_theorem_3_2_packed_never_needs_more_calls_than_linear(table, width):
     for mode in ("linear_ss", "packed_ss"):
         for L in range(1, len(target) + 1):
             layout = ThresholdLayout(target, thresholds, prompt.numel(), vocab=12)
-            seq, stats = run(_Null(12), SCHEDULES[mode](width), layout, prompt, L)
+            seq, stats = decode(None, SCHEDULES[mode](width), prompt, L, forward=_Null(12), layout=layout)
             assert seq[prompt.numel():].tolist() == target[:L]
             nfe[mode, L] = stats.nfe
     for L in range(1, len(target) + 1):
@@ -155,7 +154,8 @@ def test_theorem_check_has_power():
         thresholds = [max(0, k - 8) for k in range(1, 31)]  # right from 8 tokens back
         runs = {}
         for name, schedule in (("linear", SCHEDULES["linear_ss"](6)), ("short", ShortSightedPacked(6))):
-            seq, stats = run(_Null(12), schedule, ThresholdLayout(target, thresholds, 3, 12), prompt, 30)
+            seq, stats = decode(None, schedule, prompt, 30, forward=_Null(12),
+                                layout=ThresholdLayout(target, thresholds, 3, 12))
             assert seq[3:].tolist() == target  # still exact: only the speed suffers
             runs[name] = stats.nfe
         worse += runs["short"] > runs["linear"]

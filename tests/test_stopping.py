@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from drafters import Collect, OracleLayout
+from engine import decode
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from hf_packed_ss import bundled
-from hf_packed_ss.generation import model_forward, stopping
-from hf_packed_ss.runner import run
+from hf_packed_ss.generation import stopping
 from hf_packed_ss.schedules import SCHEDULES
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
@@ -35,7 +35,7 @@ class StopAtToken(StoppingCriteria):
 def _oracle_run(model, ids, mode, width, stock_new, stop=None, streamer=None, eos=()):
     oracle = OracleLayout(model.config.mask_token_id, model.config.vocab_size, stock_new, ids.shape[1], 1.0)
     with torch.no_grad():
-        return run(model_forward(model), SCHEDULES[mode](width), oracle, ids[0], 60, eos, None, stop, streamer)
+        return decode(model, SCHEDULES[mode](width), ids[0], 60, layout=oracle, eos=eos, stop=stop, streamer=streamer)
 
 
 @pytest.mark.parametrize("mode", SPECULATIVE)
@@ -151,8 +151,7 @@ def test_candidate_generator_exposes_the_retained_draft(loaded, mode, do_sample)
     oracle = OracleLayout(model.config.mask_token_id, model.config.vocab_size, full, ids.shape[1], 0.8)
     torch.manual_seed(0)
     with torch.no_grad():
-        _, stats = run(model_forward(model), schedule, oracle, ids[0], 40, (), None, None, Inspect(),
-                       candidates=candidates)
+        _, stats = decode(model, schedule, ids[0], 40, layout=oracle, streamer=Inspect(), trace=candidates.observe)
     assert len(candidates.num_matches) == len(stats.accepted_per_iteration)
     if mode != "linear_ss":  # Linear-SS drafts in a separate call, after the tokens are streamed
         assert max(seen) > 0

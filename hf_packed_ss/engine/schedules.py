@@ -177,6 +177,12 @@ class ARSchedule(Schedule):
 class PackedSSSchedule(Schedule):
     """Algorithm 1: verify D_{t-1} and draft the next block from P_{t-1} in the same call.
 
+    Algorithm 1, line by line: `plan` asks lines 3-4 in one call (verifier queries for d^(1..|D|) and the bonus
+    position, and the drafter block Z_t from P_{t-1}); `advance` is lines 5-6 (`verify`: h_t, C_t, A_t) and
+    line 10 (`draft_from`: D_t, the proposals past the A_t accepted positions); lines 7-9 (stop at EOS or the
+    length limit, P_t = P_{t-1} + C_t) are the loop's, shared by every schedule. Algorithm 3 is the same code
+    over a window in order pi_t.
+
     Packed-SS asks one proposal branch, from P_{t-1}; a set of branches b = 0..k-1 (branch b drafted from
     P_{t-1} plus the draft at ranks < b) generalises it: Quadratic-SS asks every branch, `hybrid_ss` the
     first k. After h acceptances the largest branch <= h supplies D_t, its rows for the ranks left unresolved.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..generation import SpeculativeGenerationMixin
+from ..front.generate import SpeculativeGenerationMixin
 from ..modeling import cache_keyword
 
 

@@ -14,7 +14,7 @@ import torch
 import transformers
 from torch import nn
 
-from ..generation import speculative_generate
+from ..front.generate import speculative_generate
 from .nemotron import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
 
 

@@ -12,7 +12,7 @@ loaded with remote code by a process that never imported `hf_packed_ss`, and on 
 
 import transformers
 
-from hf_packed_ss.generation import speculative_generate
+from hf_packed_ss.front.generate import speculative_generate
 from hf_packed_ss.models.release import attach_twin
 
 

@@ -1,0 +1,160 @@
+"""`generate` with our options: option precedence, the length budget, then one `engine.decode` call.
+
+It holds no decoding logic: it resolves the options, validates the request (`validation`), builds the schedule
+and layout the model's family names (`families`), and hands one sequence to the engine. Without `assistant_mode`
+it is stock `generate`."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, StoppingCriteriaList
+from transformers.utils import ModelOutput
+
+from ..engine import DecodingStats, Greedy, RejectionSampler, decode
+from ..models.lora import proposal_only_adapters
+from .candidates import PackedSSCandidateGenerator
+from .families import family
+from .forward import model_forward
+from .stopping import StopSequenceCriteria, stopping
+from .validation import _reject, validate
+
+_HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
+          "assistant_model")
+# Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
+_OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
+            "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
+            "speculative_branches": None, "static_shapes": None}
+
+
+@dataclass
+class PackedSSGenerateOutput(ModelOutput):
+    """`generate(..., return_dict_in_generate=True)` output: `sequences` (prompt + continuation),
+    `decoding_stats` (a `DecodingStats`) and the run's `candidate_generator`."""
+
+    sequences: torch.LongTensor | None = None
+    decoding_stats: DecodingStats | None = None
+    candidate_generator: PackedSSCandidateGenerator | None = None
+
+
+def length_defaults(model, generation_config, kwargs: dict) -> tuple[bool, bool]:
+    """Whether max_length / min_length are left at transformers' defaults, read the way stock generate
+    reads them (before the generation config is filled in)."""
+    configs = (generation_config, model.generation_config)
+    return tuple(kwargs.get(k) is None and all(c is None or getattr(c, k, None) is None for c in configs)
+                 for k in ("max_length", "min_length"))
+
+
+def new_token_budget(model, model_config, config: GenerationConfig, input_ids: torch.Tensor,
+                     default_max_length: bool, default_min_length: bool) -> int:
+    """The number of new tokens exactly as stock `generate` sets it, with its warnings and errors
+    (`max_new_tokens` over `max_length`; by default 20 new tokens, capped by `max_position_embeddings`;
+    a `max_length` not above the prompt is an error). Sets `config.max_length` / `min_length` as stock does,
+    so processors that read them (`forced_eos_token_id`, `min_new_tokens`) see the real limit."""
+    n = input_ids.shape[1]
+    model._prepare_generated_length(generation_config=config, has_default_max_length=default_max_length,
+                                    has_default_min_length=default_min_length, model_input_name="input_ids",
+                                    inputs_tensor=input_ids, input_ids_length=n)
+    model._validate_generated_length(config, n, default_max_length)
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is not None and config.max_length > limit:
+        warnings.warn(
+            f"The prompt ({n} tokens) plus up to {config.max_length - n} new tokens exceeds the model's "
+            f"max_position_embeddings={limit}: positions past {limit} were not trained, so text there may "
+            "degrade (the output is still exactly the AR mode's). Lower max_new_tokens to stay within the limit.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return config.max_length - n
+
+
+def speculative_generate(model, stock_generate, *args, **kwargs):
+    """`generate` with our options (`assistant_mode`, `speculative_width`, `speculative_branches`, `verify_order`,
+    `confidence_threshold`, `stop_sequences`); `stock_generate` untouched without `assistant_mode`.
+
+    Precedence: explicit kwargs > the `generation_config` passed > `model.generation_config`.
+    """
+    generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    base = generation_config if generation_config is not None else model.generation_config
+    given = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+    explicit = sorted(k for k in _OPTIONS if k not in ("assistant_mode", "stop_sequences") and given.get(k) is not None)
+    # A None option means "use the config", as for stock generate options; only assistant_mode=None is a
+    # choice of its own (stock generate).
+    options = {k: given[k] if given.get(k) is not None or (k == "assistant_mode" and k in given)
+               else getattr(base, k, default) for k, default in _OPTIONS.items()}
+    config_mode = getattr(base, "assistant_mode", None)
+    if given.get("speculative_width") is None and config_mode not in (None, options["assistant_mode"]):
+        options["speculative_width"] = None  # the config's width was chosen for its own mode; use this one's default
+    if given.get("speculative_branches") is None and config_mode not in (None, options["assistant_mode"]):
+        options["speculative_branches"] = None  # so were its branches (a hybrid_ss config, another mode asked)
+    if options["assistant_mode"] is None:
+        _reject(bool(explicit), f"{explicit} only apply with assistant_mode=...: set assistant_mode or drop them.")
+        if options["stop_sequences"]:  # stock generate gets the same criterion
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            kwargs["stopping_criteria"] = criteria + [StopSequenceCriteria(options["stop_sequences"])]
+        return stock_generate(*args, **kwargs)
+
+    _reject(len(args) > 2, "Pass generate options other than the prompt and generation_config as keywords.")
+    inputs = args[0] if args else kwargs.pop("inputs", None)
+    kwargs.pop("generation_config", None)
+    input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+    _reject(input_ids is None, "Pass the prompt ids as the first argument or as input_ids=.")
+    _reject(not isinstance(input_ids, torch.Tensor),
+            f"input_ids must be a torch tensor of shape (batch, length); got {type(input_ids).__name__}.")
+    _reject(bool(kwargs.pop("synced_gpus", None)),
+            "synced_gpus is not supported with assistant_mode (one process decodes one sequence).")
+    max_new = kwargs.pop("max_new_tokens", None)  # popped: GenerationConfig rejects 0, which we allow
+    _reject(max_new is not None and (isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0),
+            f"max_new_tokens={max_new!r} must be >= 0 (an integer number of tokens).")
+    if max_new:
+        kwargs["max_new_tokens"] = max_new
+    hooks = {k: kwargs.pop(k) for k in _HOOKS if k in kwargs}
+    defaults = length_defaults(model, generation_config, kwargs)  # read before the config is filled in, as stock
+    config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
+    width = validate(decoder, options, input_ids, config, model_kwargs, hooks)
+    model_kwargs.pop("attention_mask", None)  # validated as the unpadded prompt's; the layouts build their own masks
+
+    prompt_len = input_ids.shape[1]
+    max_new = 0 if max_new == 0 else new_token_budget(model, decoder.config, config, input_ids, *defaults)
+    eos = config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    processors = model._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=prompt_len,
+        logits_processor=hooks.get("logits_processor"),
+        prefix_allowed_tokens_fn=hooks.get("prefix_allowed_tokens_fn"),
+        device=input_ids.device,
+    )
+    acceptance = RejectionSampler(hooks.get("generator")) if config.do_sample else Greedy()
+    stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"), options["stop_sequences"])
+    fam = family(decoder.config)
+    mode = options["assistant_mode"]
+    schedule_class = fam.schedules[mode]
+    # the options this schedule takes, as given (unset ones keep the schedule's own defaults)
+    extra = {k: options[k] for k in schedule_class.options if options[k] is not None}
+    if fam.any_order:
+        extra["verify_order"] = options["verify_order"] or "ltr"
+    if "config" in inspect.signature(schedule_class).parameters:
+        extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
+    schedule = schedule_class(width, acceptance, **extra)
+    candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
+    layout = fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
+    with torch.inference_mode(), proposal_only_adapters(decoder):
+        sequence, stats = decode(model_forward(decoder), schedule, layout, input_ids[0], max(0, max_new), eos,
+                                 processors, stop, hooks.get("streamer"),
+                                 trace=None if candidates is None else candidates.observe)
+    sequences = sequence[None]
+    if config.return_dict_in_generate:
+        return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)
+    return sequences
+
+
+class SpeculativeGenerationMixin:
+    """Gives a model class the `assistant_mode` front; put it before `GenerationMixin`."""
+
+    def generate(self, *args, **kwargs):
+        return speculative_generate(self, super().generate, *args, **kwargs)

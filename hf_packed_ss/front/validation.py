@@ -1,0 +1,184 @@
+"""Validation of a speculative request: every option, input and `generate` argument that assistant_mode cannot
+honour is refused here, once, with a message that says what to do instead (the engine assumes a valid request)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import GenerationMode
+
+from ..engine.order import ORDERS
+from .families import FAMILIES, MODES, SCHEDULE_OPTIONS, default_width, family, takers
+
+
+def _reject(condition: bool, message: str) -> None:
+    """One line per rule: every refusal is a ValueError whose message says what to do instead."""
+    if condition:
+        raise ValueError(message)
+
+
+def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
+             hooks: dict) -> int:
+    """Check a speculative request once, at the front door; returns the speculative width to use.
+
+    Reads its arguments only (model_kwargs included), so checking a request never changes it."""
+    mode, width = options["assistant_mode"], options["speculative_width"]
+    _reject(
+        mode not in MODES,
+        f"Unknown assistant_mode={mode!r}; choose one of {MODES}, or leave it unset for stock generate.",
+    )
+    model_type = getattr(model.config, "model_type", None)
+    fam = family(model.config)
+    _reject(
+        fam is None,
+        f"assistant_mode has no packed layout for model_type={model_type!r} (available: {sorted(FAMILIES)}, or "
+        "any causal LM whose config sets mask_token_id and block_size for its drafter); "
+        "call generate without assistant_mode.",
+    )
+    _reject(
+        mode not in fam.schedules,
+        f"assistant_mode={mode!r} is SetDLM's own decoder and needs an any-order model (model_type 'setdlm'); "
+        f"{model_type!r} takes {sorted(fam.schedules)}.",
+    )
+    mask_token_id = getattr(model.config, "mask_token_id", None)
+    _reject(
+        mask_token_id is None,
+        f"{type(model).__name__} has no `config.mask_token_id`, so it has no diffusion mode to draft with. "
+        "Set the mask token id of its diffusion mode, or call generate without assistant_mode.",
+    )
+    size = "max_block_size" if fam.any_order else "block_size"
+    block_size = getattr(model.config, size, None)
+    _reject(not block_size or block_size < 2 - fam.any_order,
+            f"The model config needs `{size}` >= {2 - fam.any_order} (the diffusion block).")
+    widest, _ = fam.widths(model.config)
+    width = default_width(model.config, mode) if width is None else width
+    _reject(
+        isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= widest,
+        f"speculative_width={width!r} is out of range: use an integer in [1, {widest}] "
+        + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
+           f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
+    )
+    schedule = fam.schedules[mode]
+    for name in SCHEDULE_OPTIONS:
+        _reject(options[name] is not None and name not in schedule.options,
+                f"{name} only applies to assistant_mode={' or '.join(map(repr, takers(name)))} (got {mode!r}): "
+                "drop it.")
+    order = options["verify_order"]
+    _reject(order is not None and order not in ORDERS,
+            f"Unknown verify_order={order!r}; choose one of {sorted(ORDERS)}.")
+    _reject(order == "confidence" and not fam.any_order,
+            f"verify_order='confidence' needs an any-order model (model_type 'setdlm'); {model_type!r} verifies "
+            "left to right only.")
+    _reject(not schedule.verifies and order not in (None, "ltr"),
+            f"assistant_mode={mode!r} commits by confidence threshold and has no verification order: drop "
+            "verify_order.")
+    threshold = options["confidence_threshold"]
+    _reject(threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1),
+            f"confidence_threshold={threshold!r} must be a probability in (0, 1].")
+    # the values of a schedule's own options are checked by the schedule when the front builds it
+    _reject(options["native_context"] == "sliding" and input_ids.shape[-1] > getattr(model.config, "block_size", 0),
+            f"The prompt ({input_ids.shape[-1]} tokens) is longer than block_size="
+            f"{getattr(model.config, 'block_size', None)}, the context native_context='sliding' keeps: shorten it "
+            "or use native_context='full'.")
+    stops = options["stop_sequences"]
+    _reject(stops is not None and not (isinstance(stops, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and x and all(isinstance(t, int) for t in x) for x in stops)),
+        "stop_sequences must be a list of non-empty token-id lists, e.g. [[13, 13], [2]].")
+    _reject(options["static_shapes"] is not None and not isinstance(options["static_shapes"], bool),
+            f"static_shapes={options['static_shapes']!r} must be True (one call shape per schedule and width, for "
+            "compiled graphs: appendix D.3) or False (the default: only the rows that can matter).")
+    _reject(input_ids.dim() != 2, f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
+    _reject(
+        input_ids.shape[0] != 1,
+        f"assistant_mode={mode!r} decodes one sequence at a time; got batch size {input_ids.shape[0]}. "
+        "Call generate once per prompt.",
+    )
+    _reject(input_ids.shape[1] == 0, "The prompt is empty: pass at least one token (e.g. the BOS token).")
+    check_token_ids(input_ids, model.config.get_text_config().vocab_size)
+    _reject(
+        config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
+        "assistant_mode decodes one sequence per call: num_beams and num_return_sequences must be 1 "
+        "(call generate again for more samples).",
+    )
+    check_generation_mode(config)
+    _reject(
+        config.guidance_scale not in (None, 1, 1.0),
+        "guidance_scale needs extra model calls per token and is not supported with assistant_mode.",
+    )
+    mask = model_kwargs.get("attention_mask")  # read only: generate drops it after validation
+    _reject(
+        mask is not None and mask.dim() != 2,
+        "generate takes a 2D attention_mask (batch, length); the packed 4D masks are built by hf_packed_ss itself.",
+    )
+    _reject(
+        mask is not None and not bool(mask.all()),
+        "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
+    )
+    _reject(
+        hooks.get("assistant_model") is not None,
+        "assistant_model and assistant_mode both name a drafter: the diffusion mode of the model drafts with "
+        "assistant_mode, so drop assistant_model (or drop assistant_mode for stock assisted decoding).",
+    )
+    _reject(
+        config.cache_implementation not in (None, "dynamic"),
+        f"cache_implementation={config.cache_implementation!r} is not supported with assistant_mode: the decoder "
+        "crops a DynamicCache after every call; leave cache_implementation unset.",
+    )
+    _reject(
+        config.stop_strings is not None and hooks.get("tokenizer") is None,
+        "stop_strings needs the model's tokenizer: pass generate(..., tokenizer=tokenizer).",
+    )
+    unused = sorted(k for k, v in model_kwargs.items() if v is not None and k not in ("use_cache", "attention_mask"))
+    _reject(bool(unused), f"generate arguments not used by assistant_mode: {unused}.")
+    return width
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Integer ids inside the vocabulary, named when not (torch would fail deep in the embedding)."""
+    _reject(
+        input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool,
+        f"input_ids must hold integer token ids; got dtype {input_ids.dtype}. Pass the tokenizer's ids "
+        "(tokenizer(text, return_tensors='pt').input_ids) or cast with .long().",
+    )
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"input_ids[{row}, {col}] = {int(input_ids[row, col])} is outside the vocabulary of this model "
+            f"(vocab_size={vocab_size}: ids 0..{vocab_size - 1}); encode the prompt with this model's tokenizer."
+        )
+
+
+# Options that select another decoding loop in stock generate, each with what to do instead.
+_OTHER_LOOPS = {
+    "prompt_lookup_num_tokens": "prompt lookup is stock assisted generation with an n-gram drafter",
+    "assistant_early_exit": "early exit is stock assisted generation with a layer-skipping drafter",
+    "use_mtp": "multi-token prediction is stock assisted generation with the model's MTP heads",
+    "penalty_alpha": "contrastive search is another decoding loop",
+    "dola_layers": "DoLa is another decoding loop",
+    "constraints": "constrained beam search is another decoding loop",
+    "force_words_ids": "constrained beam search is another decoding loop",
+    "token_healing": "token healing rewrites the prompt before decoding",
+    "prefill_chunk_size": "the prompt is processed in one call",
+    "output_scores": "assistant_mode returns sequences and decoding_stats, not per-token scores",
+    "output_logits": "assistant_mode returns sequences and decoding_stats, not per-token logits",
+    "output_attentions": "assistant_mode does not collect attentions",
+    "output_hidden_states": "assistant_mode does not collect hidden states",
+}
+
+
+def check_generation_mode(config: GenerationConfig) -> None:
+    """Refuse every `generate` option that would select another decoding loop, or an output we do not
+    produce, instead of silently ignoring it or assistant_mode."""
+    given = sorted(k for k in _OTHER_LOOPS if getattr(config, k, None) not in (None, False, 0))
+    _reject(
+        bool(given),
+        "Not supported together with assistant_mode: "
+        + "; ".join(f"{k}={getattr(config, k)!r} ({_OTHER_LOOPS[k]})" for k in given)
+        + ". Drop these options, or drop assistant_mode to use stock generate with them.",
+    )
+    _reject(
+        config.get_generation_mode() not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE),
+        f"assistant_mode decodes greedily or by sampling; these options select {config.get_generation_mode()}. "
+        "Drop them, or drop assistant_mode.",
+    )

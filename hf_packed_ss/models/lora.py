@@ -1,0 +1,125 @@
+"""Proposal-only LoRA: an adapter (PEFT) that shapes the diffusion drafter without touching the
+verifier, so decoding stays exact (paper appendix F.2).
+
+While `proposal_only_adapters(model)` is active, every LoRA layer adds its update to the proposal rows
+of the current packed call only (`proposal_rows`); verifier rows, and any call outside `proposal_rows`,
+see the base model. Every layout puts its proposal rows last, so the update is computed on that tail
+alone: a call without proposal rows (AR, stock `generate`, prompt lookup) runs the base layers and pays
+nothing for the adapter. Outside the context the model behaves as PEFT made it (adapter on every row).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _lora_layers(model: nn.Module) -> list[nn.Module]:
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # PEFT not installed: no adapter can be loaded either
+        return []
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+class _RowGate:
+    """Where the current call's proposal rows start (None: no row gets the update)."""
+
+    def __init__(self):
+        self.start: int | None = None
+
+    def linear_forward(self, layer: nn.Module):
+        """A PEFT LoRA `Linear.forward` that adds the update to rows `start:` only."""
+
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            result = layer.base_layer(x, *args, **kwargs)
+            start = self.start
+            if start is None or start >= x.shape[-2] or layer.disable_adapters:
+                return result
+            tail = x[..., start:, :].reshape(-1, x.shape[-1])  # rows as one matrix: a view at batch size 1
+            out = result[..., start:, :]
+            for name in layer.active_adapters:
+                if name in layer.lora_A:  # functional calls: this runs for every projection of every layer
+                    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+                    h = layer.lora_dropout[name](tail) if layer.training else tail
+                    out.add_(F.linear(F.linear(h.to(a.dtype), a), b).view(out.shape), alpha=layer.scaling[name])
+            return result
+
+        return forward
+
+
+class _MaskEmbeddingGate:
+    """Adds a learned MASK embedding offset (`smollm2.MaskEmbedding`) on proposal rows that hold MASK."""
+
+    def __init__(self, embedding: nn.Module, gate: _RowGate):
+        self.embedding, self.gate = embedding, gate
+
+    def __call__(self, module, inputs, output):
+        start, ids = self.gate.start, inputs[0]
+        if start is None or start >= ids.shape[-1]:
+            return output
+        where = (ids == self.embedding.token_id) & (torch.arange(ids.shape[-1], device=ids.device) >= start)
+        return output + where[..., None].to(output.dtype) * self.embedding.delta.to(output.dtype)
+
+
+def install_gate(model: nn.Module):
+    """Gate every LoRA layer of `model` (and a learned MASK embedding, if attached) to proposal rows until
+    the returned `remove()` is called; outside a marked forward no row gets the update, so a plain forward
+    (stock `generate`) is the untouched base model. Returns None when there is nothing to gate or a gate is
+    already installed."""
+    layers = _lora_layers(model)
+    mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
+    if (not layers and mask_embedding is None) or getattr(model, "_hf_packed_ss_gate", None) is not None:
+        return None
+    for m in layers:  # LoRA on linear layers (plain or quantized bases), no DoRA or other variant
+        linear = all(isinstance(a, nn.Linear) for a in m.lora_A.values()) and not getattr(m, "lora_embedding_A", {})
+        if not linear or getattr(m, "lora_variant", None) or any(getattr(m, "use_dora", {}).values()):
+            raise ValueError(f"{type(m).__name__} LoRA layers cannot be restricted to proposal rows; use a plain "
+                             "LoRA adapter on linear layers (no DoRA or other variants).")
+        if m.merged:
+            raise ValueError("A merged LoRA adapter changes the verifier; call unmerge_adapter() before decoding.")
+    gate = _RowGate()
+    for m in layers:
+        m.forward = gate.linear_forward(m)  # instance attribute: shadows PEFT's forward until removed
+    handles = []
+    if mask_embedding is not None:
+        hook = _MaskEmbeddingGate(mask_embedding, gate)
+        handles.append(model.get_input_embeddings().register_forward_hook(hook))
+    model._hf_packed_ss_gate = gate
+
+    def remove() -> None:
+        for m in layers:
+            del m.forward
+        for h in handles:
+            h.remove()
+        del model._hf_packed_ss_gate
+
+    return remove
+
+
+@contextmanager
+def proposal_only_adapters(model: nn.Module):
+    """`install_gate` for the duration of the block (a gate installed before, e.g. by a drafter, stays)."""
+    remove = install_gate(model)
+    try:
+        yield
+    finally:
+        if remove is not None:
+            remove()
+
+
+@contextmanager
+def proposal_rows(model: nn.Module, start: int):
+    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward."""
+    gate = getattr(model, "_hf_packed_ss_gate", None)
+    if gate is None:
+        yield
+        return
+    gate.start = start
+    try:
+        yield
+    finally:
+        gate.start = None
