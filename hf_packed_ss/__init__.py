@@ -6,13 +6,11 @@ wins for a folder loaded with ``trust_remote_code=True``: see `models/auto.py`).
 """
 
 from . import bundled
-from .candidates import PackedSSCandidateGenerator
-from .generation import PackedSSGenerateOutput
+from .engine import SCHEDULES, DecodingStats
+from .front import PackedSSCandidateGenerator, PackedSSGenerateOutput
 from .models import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, SetDLMConfig, SetDLMModel
 from .models.auto import register
 from .models.release import disable, enable
-from .schedules import SCHEDULES
-from .stats import DecodingStats
 
 register()
 

@@ -401,8 +401,8 @@ class NativeSchedule(Schedule):
         probs = confidence_of(tokens, q, result.proposals[0])
         commit = probs >= self.threshold
         commit[probs.argmax()] = True
-        ranks = commit.nonzero()[:, 0].tolist()
-        pairs = [(plan.order[r], t) for r, t in zip(ranks, tokens[ranks].tolist(), strict=True)]
+        flags, values = torch.stack([commit.long(), tokens]).tolist()  # the call's one host sync
+        pairs = [(plan.order[r], t) for r, (f, t) in enumerate(zip(flags, values, strict=True)) if f]
         if self.first_hitting is not None:  # latest first-hitting time first; ties keep position order
             pairs.sort(key=lambda pair: -self.times[pair[0]])
         return Verdict([t for _, t in pairs], [j for j, _ in pairs], 0, kind="committed")

@@ -141,7 +141,9 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     if "config" in inspect.signature(schedule_class).parameters:
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
     schedule = schedule_class(width, acceptance, **extra)
-    candidates = None if fam.any_order else PackedSSCandidateGenerator(schedule)
+    # only a dict output returns the candidate generator, so only then is it made and told every verification
+    wanted = config.return_dict_in_generate and not fam.any_order
+    candidates = PackedSSCandidateGenerator(schedule) if wanted else None
     layout = fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
     with torch.inference_mode(), proposal_only_adapters(decoder):
         sequence, stats = decode(model_forward(decoder), schedule, layout, input_ids[0], max(0, max_new), eos,
