@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from hf_packed_ss.bench.command import encode
-from hf_packed_ss.bench.grading import (
+from hf_packed_ss.tools.bench.command import encode
+from hf_packed_ss.tools.bench.grading import (
     gsm8k_correct,
     gsm8k_prediction,
     humaneval_completion,
     humaneval_passes,
 )
-from hf_packed_ss.bench.measure import run_interleaved
-from hf_packed_ss.bench.probe import expected_tokens, fit, formula_predictions, rows_per_iteration
-from hf_packed_ss.bench.record import Record
-from hf_packed_ss.bench.statistics import aggregate, paired_intervals, per_prompt_totals, rotation
-from hf_packed_ss.bench.suites import SAMPLE, Prompt, gsm8k_shots, load_suite, question_ids
-from hf_packed_ss.cli import main as cli_main
+from hf_packed_ss.tools.bench.measure import run_interleaved
+from hf_packed_ss.tools.bench.probe import expected_tokens, fit, formula_predictions, rows_per_iteration
+from hf_packed_ss.tools.bench.record import Record
+from hf_packed_ss.tools.bench.statistics import aggregate, paired_intervals, per_prompt_totals, rotation
+from hf_packed_ss.tools.bench.suites import SAMPLE, Prompt, gsm8k_shots, load_suite, question_ids
+from hf_packed_ss.tools.cli import main as cli_main
 
 # ---------------------------------------------------------------- interleaving
 
@@ -196,9 +196,9 @@ def test_the_gsm8k_folder_comes_from_one_environment_variable(tmp_path, monkeypa
     """`HF_PACKED_SS_GSM8K` names the folder of train.jsonl / test.jsonl for the bench, quality and train (read
     when used); unset, it is ../shared/data/gsm8k beside the source checkout; without the files the tools that can
     fall back to the bundled questions do, and `--suite gsm8k` says what to set."""
-    from hf_packed_ss import paths, quality
-    from hf_packed_ss.bench import suites
-    from hf_packed_ss.train import TrainConfig
+    from hf_packed_ss.tools import paths, quality
+    from hf_packed_ss.tools.bench import suites
+    from hf_packed_ss.tools.train import TrainConfig
 
     rows = [{"question": f"Q{i}?", "answer": f"#### {i}"} for i in range(3)]
     for split in ("train", "test"):
@@ -321,7 +321,7 @@ def test_rows_per_iteration_is_what_a_real_decode_lays_out(mode, options, static
 def test_probe_predicts_with_the_layouts_default_shapes():
     """`formula_predictions` uses the layout's default (lean) shapes unless told otherwise; static shapes give
     appendix D.3's counts."""
-    from hf_packed_ss.bench.probe import layout_default_static_shapes
+    from hf_packed_ss.tools.bench.probe import layout_default_static_shapes
 
     assert layout_default_static_shapes() is False and layout_default_static_shapes(any_order=True) is False
     w, b, u = 7, 8, 7
@@ -381,7 +381,7 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert "measured fastest" in capsys.readouterr().out
 
     # the README's results section is regenerated from results.json, replacing only the marked block
-    from hf_packed_ss.bench.readme import END, START, update
+    from hf_packed_ss.tools.bench.readme import END, START, update
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\n{START}\nold figures\n{END}\n\nafter\n")
@@ -394,7 +394,7 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
 
 def test_overhead_command_reports_every_schedule_and_context(capsys):
     from hf_packed_ss import bundled
-    from hf_packed_ss.bench.overhead import context_ids
+    from hf_packed_ss.tools.bench.overhead import context_ids
 
     _, tokenizer = bundled.load("tiny-nemotron-random")
     assert context_ids(tokenizer, 300).shape == (1, 300)  # repeated text when the sample is shorter

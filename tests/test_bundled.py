@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_packed_ss import bundled
-from hf_packed_ss.bench.suites import question_ids
-from hf_packed_ss.cli import main
+from hf_packed_ss.tools.bench.suites import question_ids
+from hf_packed_ss.tools.cli import main
 
 
 def test_bundled_names_and_load():
@@ -80,7 +80,7 @@ def test_run_command_warms_up_then_times_interleaved_repeats(monkeypatch, capsys
     """Every schedule is warmed up (untimed, a few tokens) before any timed decode; the timed decodes are
     `--repeats` rounds in rotating order; the table reports the median repeat, the speed-up over AR with its
     range and the break-even tokens/NFE; the verdict names the fastest schedule and why; --json has it all."""
-    from hf_packed_ss.bench import measure
+    from hf_packed_ss.tools.bench import measure
 
     calls: list = []
     seconds = {"ar": 1.0, "linear_ss": 0.9, "quadratic_ss": 2.0, "packed_ss": 0.8}
@@ -111,7 +111,7 @@ def test_run_command_warms_up_then_times_interleaved_repeats(monkeypatch, capsys
 
 
 def test_run_command_says_when_ar_is_fastest_and_exits_1_on_a_mismatch_2_on_an_error(monkeypatch, capsys):
-    from hf_packed_ss.bench import measure
+    from hf_packed_ss.tools.bench import measure
 
     seconds = {"ar": 1.0, "linear_ss": 1.6, "quadratic_ss": 2.0, "packed_ss": 1.25}
     monkeypatch.setattr(measure, "decode_ours", _fake_decode([], seconds, wrong="linear_ss"))
@@ -132,9 +132,9 @@ def test_run_command_says_when_ar_is_fastest_and_exits_1_on_a_mismatch_2_on_an_e
 
 
 def test_repeat_statistics_and_auto_repeats():
-    from hf_packed_ss.bench.repeats import median_index, speedup, spread, trimmed_range
-    from hf_packed_ss.bench.statistics import Interval
-    from hf_packed_ss.cli import auto_repeats
+    from hf_packed_ss.tools.bench.repeats import median_index, speedup, spread, trimmed_range
+    from hf_packed_ss.tools.bench.statistics import Interval
+    from hf_packed_ss.tools.cli import auto_repeats
 
     assert median_index([3.0, 1.0, 2.0]) == 2 and median_index([4.0, 1.0, 3.0, 2.0]) == 3  # lower median
     assert spread([1.0, 5.0, 2.0]) == Interval(2.0, 1.0, 5.0)
@@ -147,7 +147,8 @@ def test_repeat_statistics_and_auto_repeats():
 def test_run_command_falls_back_to_the_tiny_checkpoint_with_a_hint(monkeypatch, capsys):
     """Without the SmolLM2 base the main command still decodes, with a trained tiny checkpoint, and says how
     to get the drafter in one line."""
-    from hf_packed_ss import cli, smollm2
+    from hf_packed_ss import smollm2
+    from hf_packed_ss.tools import cli
 
     monkeypatch.setattr(smollm2, "installed", lambda: False)
     assert cli.default_model() == "tiny-nemotron-gsm8k"
@@ -229,7 +230,7 @@ def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
     script = (
         "import sys, torch\n"
         "from hf_packed_ss import smollm2\n"
-        "from hf_packed_ss.bench.suites import question_ids\n"
+        "from hf_packed_ss.tools.bench.suites import question_ids\n"
         "m, t = smollm2.load(sys.argv[1])\n"
         "ids = question_ids(t, 'What is 12 + 30?')\n"
         "a = m.generate(ids, max_new_tokens=8, assistant_mode=None, do_sample=False)\n"
@@ -301,7 +302,7 @@ def test_bundle_writes_only_where_it_is_told(tmp_path):
 
 
 def test_publish_reads_model_cards_from_the_folder_given(tmp_path):
-    from hf_packed_ss import publish
+    from hf_packed_ss.tools import publish
 
     assert publish.CARDS is not None and publish.card("tiny-nemotron-random") == (
         publish.CARDS / "tiny-nemotron-random" / "README.md")

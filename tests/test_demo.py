@@ -16,7 +16,10 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from hf_packed_ss import bundled, demo
+from hf_packed_ss import bundled
+from hf_packed_ss.tools.demo import load_app
+
+demo = load_app()  # demo/app.py: the Gradio app, with the names it uses from hf_packed_ss.tools.race
 
 MAX_NEW = 20
 SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from playwright import sync_api
 
-from hf_packed_ss import bundled, demo
+from hf_packed_ss import bundled
+from hf_packed_ss.tools.demo import load_app
+
+demo = load_app()  # demo/app.py: the Gradio app, with the names it uses from hf_packed_ss.tools.race
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "demo.png"

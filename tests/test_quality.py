@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hf_packed_ss import bundled
-from hf_packed_ss.bench.suites import GSM8K_TEST, SAMPLE, SHOTS, read_jsonl
-from hf_packed_ss.quality import (
+from hf_packed_ss.tools.bench.suites import GSM8K_TEST, SAMPLE, SHOTS, read_jsonl
+from hf_packed_ss.tools.quality import (
     END,
     FIRST,
     HELD_OUT,

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_packed_ss import bundled
 from hf_packed_ss.lora import proposal_only_adapters
-from hf_packed_ss.train import LOSSES, TrainConfig, build_model, corpus, sample_batch
+from hf_packed_ss.tools.train import LOSSES, TrainConfig, build_model, corpus, sample_batch
 
 TINY = dict(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, block_size=8, seq_len=48, batch=4)
 
@@ -67,7 +67,7 @@ def test_drafter_step_lowers_kl_and_never_touches_the_verifier():
 
 
 def test_resume_continues_the_same_run(tmp_path, monkeypatch):
-    from hf_packed_ss import train as train_module
+    from hf_packed_ss.tools import train as train_module
 
     _, tokenizer = bundled.load("tiny-nemotron-random")
     monkeypatch.setattr(train_module, "train_tokenizer", lambda texts, vocab: tokenizer)
@@ -88,8 +88,8 @@ def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path
     prompt format; a second call with more questions only answers the new ones."""
     from transformers import AutoTokenizer
 
-    from hf_packed_ss.base_answers import generate_answers
-    from hf_packed_ss.bench.suites import question_ids
+    from hf_packed_ss.tools.base_answers import generate_answers
+    from hf_packed_ss.tools.bench.suites import question_ids
 
     tokenizer = AutoTokenizer.from_pretrained(bundled.path("smollm2-135m-drafter"))
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path
 def test_train_data_defaults_to_the_gsm8k_folder_variable(tmp_path, monkeypatch, capsys):
     """`--data` defaults to train.jsonl in $HF_PACKED_SS_GSM8K (read when the command runs; `--help` shows it),
     and a missing file stops the run before anything is written."""
-    from hf_packed_ss import train as train_module
+    from hf_packed_ss.tools import train as train_module
 
     monkeypatch.setenv("HF_PACKED_SS_GSM8K", str(tmp_path))
     with pytest.raises(SystemExit):

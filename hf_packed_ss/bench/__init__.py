@@ -1,11 +1,9 @@
-"""The benchmark: throughput, tokens/NFE, time/NFE and the model / non-model time split per schedule, with paired
-bootstrap intervals and plots (paper section 4, appendices E.5 and F.3), and the tau + delta * n cost probe.
+"""Old import path of the benchmark, now `hf_packed_ss.tools.bench`.
 
-`hf-packed-ss bench` (or `python -m hf_packed_ss.bench`) runs `command.main`; `hf-packed-ss probe` runs
-`probe.main`. Modules: `suites` (prompt sets), `measure` (timing, interleaving), `statistics` (aggregates,
-bootstrap), `grading` (GSM8K, HumanEval), `report` (results.json, report.md, PNGs), `probe` (cost model).
+Each submodule here (`hf_packed_ss.bench.measure`, ...) is bound to the moved module itself, so code and tests
+that import or patch the old names reach the code that runs; `python -m hf_packed_ss.bench` still runs the bench.
 """
 
-from .command import main
+from ..tools.bench import main
 
 __all__ = ["main"]

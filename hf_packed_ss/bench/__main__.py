@@ -1,7 +1,7 @@
-"""`python -m hf_packed_ss.bench`: the same as `hf-packed-ss bench`."""
+"""`python -m hf_packed_ss.bench` (the old path): the same as `hf-packed-ss bench`."""
 
 import sys
 
-from .command import main
+from ..tools.bench.command import main
 
 sys.exit(main())

@@ -1,96 +1,11 @@
-"""``hf-packed-ss overhead``: the decoder's own time per call (everything but the model forward) against the
-context length.
+"""Old import path of `hf_packed_ss.tools.bench.overhead`, bound to that module itself: patching an attribute through
+either name patches the code that reads it."""
 
-A decoder whose bookkeeping scans or copies the whole sequence every call gets slower per call as the context
-grows, even when the model does not; the Runner keeps P in one buffer and hands out views, and the layouts keep
-the mask in one buffer, so this figure should stay flat. Each context is a prefix of real text (the bundled
-GSM8K questions, MIT licence, joined) cut to that many tokens; every schedule decodes the same number of new
-tokens after it. As everywhere in the benchmark: a warm-up, repeats interleaved in rotating order, the median
-repeat and the range of the repeats, and the ratio of the longest context to the shortest.
-"""
+import sys
 
-from __future__ import annotations
+from ..tools.bench import overhead
 
-import argparse
-import json
+if __name__ == "__main__":  # `python -m hf_packed_ss.bench.overhead`
+    sys.exit(overhead.main())
 
-import torch
-
-from .repeats import spread
-from .statistics import rotation
-from .suites import SAMPLE, read_jsonl
-
-
-def context_ids(tokenizer, length: int) -> torch.Tensor:
-    """`length` tokens of GSM8K question text (repeated if the sample is too short)."""
-    text = "\n\n".join(row["question"] for row in read_jsonl(SAMPLE))
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
-    ids = ids.repeat(-(-length // ids.numel()))
-    return ids[:length][None]
-
-
-def non_model_ms_per_call(model, ids: torch.Tensor, mode: str, max_new_tokens: int, **options) -> float:
-    out = model.generate(ids, assistant_mode=mode, max_new_tokens=max_new_tokens, return_dict_in_generate=True,
-                         eos_token_id=None, **options)
-    stats = out.decoding_stats
-    return 1e3 * stats.non_model_time_s / stats.nfe
-
-
-def measure(model, tokenizer, contexts: list[int], schedules: list[str], max_new_tokens: int, repeats: int,
-            **options) -> dict:
-    """{schedule: {context: [non-model ms per call, one per repeat]}} after one untimed warm-up each."""
-    prompts = {n: context_ids(tokenizer, n) for n in contexts}
-    for mode in schedules:
-        non_model_ms_per_call(model, prompts[contexts[0]], mode, 8, **options)
-    times = {mode: {n: [] for n in contexts} for mode in schedules}
-    cells = [(mode, n) for mode in schedules for n in contexts]
-    for r in range(repeats):
-        for mode, n in rotation(cells, r):
-            times[mode][n].append(non_model_ms_per_call(model, prompts[n], mode, max_new_tokens, **options))
-    return times
-
-
-def table(times: dict, contexts: list[int]) -> str:
-    lo, hi = contexts[0], contexts[-1]
-    head = "| schedule | " + " | ".join(f"ms/call at {n} [range]" for n in contexts) + f" | {hi} / {lo} |"
-    lines = [head, "|---" * (len(contexts) + 2) + "|"]
-    for mode, by in times.items():
-        cells = [spread(by[n]) for n in contexts]
-        ratio = cells[-1].value / cells[0].value
-        lines.append(f"| {mode} | " + " | ".join(f"{c.value:.3f} [{c.low:.3f}, {c.high:.3f}]" for c in cells)
-                     + f" | {ratio:.2f} |")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ..cli import load_model
-
-    parser = argparse.ArgumentParser(prog="hf-packed-ss overhead", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-nemotron-gsm8k", help="bundled checkpoint name or local folder")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[64, 1024], help="prompt lengths in tokens")
-    parser.add_argument("--schedules", nargs="+", default=["ar", "linear_ss", "quadratic_ss", "packed_ss"])
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--repetition-penalty", type=float, default=None,
-                        help="also run a logits processor that reads the whole sequence (e.g. 1.1)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
-    parser.add_argument("--json", default=None, help="also write every repeat to this file")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, torch.float32)
-    options = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
-    contexts = sorted(args.contexts)
-    with torch.inference_mode():
-        times = measure(model, tokenizer, contexts, args.schedules, args.max_new_tokens, args.repeats, **options)
-    print(f"Non-model decoder time per call, {args.model}, {args.max_new_tokens} new tokens, median of "
-          f"{args.repeats} repeats{', ' + str(options) if options else ''}:\n")
-    print(table(times, contexts))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "options": options, "times": times}, f, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+sys.modules[__name__] = overhead

@@ -1,56 +1,8 @@
-"""One measured response: the per-response numbers of paper section 4 and appendix E.5."""
+"""Old import path of `hf_packed_ss.tools.bench.record`, bound to that module itself: patching an attribute through
+either name patches the code that reads it."""
 
-from __future__ import annotations
+import sys
 
-from dataclasses import asdict, dataclass, field
+from ..tools.bench import record
 
-
-@dataclass
-class Record:
-    """What one `generate` call of one schedule on one prompt produced.
-
-    Attributes:
-        schedule: bench schedule name (`ar`, `packed_ss`, ..., `stock`, `prompt_lookup`); width: W used (0 if none).
-        prompt, prompt_id, repeat: which prompt (index into the suite) and which repeat.
-        position: where this schedule ran in that prompt's interleaved order (0 = first).
-        new_tokens: generated tokens, EOS included. nfe: model forward calls, prompt processing included.
-        decoder_time_s: decoder wall time as appendix E.5 defines it (prefill and all decoding, synchronised).
-        generate_wall_s: wall time of the whole `generate` call (also its argument checks and set-up).
-        model_time_s: time inside model forward calls; non_model_time_s = decoder_time_s - model_time_s.
-        rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration.
-        tokens: the generated ids (kept in memory for the `ar` comparison, not written out).
-        text, correct, differs_from_ar: filled after timing (detokenised output, grade, greedy identity).
-        error: why the call failed (then the numbers are zero).
-    """
-
-    schedule: str
-    prompt: int
-    prompt_id: str
-    repeat: int
-    position: int
-    width: int = 0
-    new_tokens: int = 0
-    nfe: int = 0
-    decoder_time_s: float = 0.0
-    generate_wall_s: float = 0.0
-    model_time_s: float = 0.0
-    rows_per_call: list[int] = field(default_factory=list)
-    accepted_per_iteration: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    text: str | None = None
-    correct: bool | None = None
-    differs_from_ar: bool | None = None
-    error: str | None = None
-
-    @property
-    def non_model_time_s(self) -> float:
-        return self.decoder_time_s - self.model_time_s
-
-    @property
-    def tokens_per_nfe(self) -> float:
-        return self.new_tokens / self.nfe if self.nfe else 0.0
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out.pop("tokens")
-        return {**out, "non_model_time_s": self.non_model_time_s, "tokens_per_nfe": self.tokens_per_nfe}
+sys.modules[__name__] = record

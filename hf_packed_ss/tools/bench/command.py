@@ -1,0 +1,210 @@
+"""`hf-packed-ss bench`: every schedule and the peer baselines on one suite, in one process on one loaded model.
+
+Paper section 4 (metrics) and appendix E.5 (timing, intervals). Steps: load the suite and the model, warm up,
+measure interleaved (`measure.py`), then, outside all timing, detokenise, grade and compare with `ar`, aggregate
+with paired bootstrap intervals (`statistics.py`) and write `results.json`, `report.md` and plots (`report.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ...engine.schedules import DEFAULT_BRANCHES, HYBRID
+from ...generation import MODES, family
+from . import report
+from .grading import grade
+from .measure import (
+    PEERS,
+    REFERENCE,
+    Measurement,
+    Settings,
+    decoder_for,
+    run_interleaved,
+    schedule_mode,
+    schedule_name,
+)
+from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
+from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, load_suite, question_ids
+
+DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
+BASELINE = "linear_ss"
+
+
+def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-nemotron-random", help="bundled checkpoint name or local folder")
+    p.add_argument("--suite", default="sample", help=f"one of {SUITES}; `sample` is 20 bundled GSM8K questions")
+    p.add_argument("--data", default=None, help="the GSM8K (or HumanEval) file to read instead of the default "
+                                                "(--suite gsm8k: test.jsonl in $HF_PACKED_SS_GSM8K, else "
+                                                "../shared/data/gsm8k beside the source checkout)")
+    p.add_argument("--prompt-field", default="prompt", help="field holding the prompt in a jsonl:<file> suite")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="put each prompt in the tokenizer's chat template (default: when the tokenizer has one; "
+                        "GSM8K questions then follow --shots worked examples)")
+    p.add_argument("--shots", type=int, default=CHAT_SHOTS, choices=range(5), metavar="K",
+                   help="worked GSM8K train examples before each GSM8K question in a chat template (0 to 4)")
+    p.add_argument("--schedules", nargs="+", default=None, type=schedule_name, metavar="SCHEDULE",
+                   help=f"from {MODES + list(PEERS)}; {HYBRID}:K for K proposal branches (a bare {HYBRID} is "
+                        f"{HYBRID}:{DEFAULT_BRANCHES}; e.g. --schedules packed_ss {HYBRID}:2 {HYBRID}:4 quadratic_ss) "
+                        f"(default: ar linear_ss quadratic_ss packed_ss {HYBRID}:{DEFAULT_BRANCHES} stock "
+                        "prompt_lookup, plus native on SetDLM)")
+    p.add_argument("--baseline", default=BASELINE, help="schedule the paired ratios divide by")
+    p.add_argument("--width", type=int, default=None, help="speculative width W (default: each schedule's)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sampling only; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling only; 1 = off")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10,
+                   help="prompt_lookup_num_tokens of the prompt_lookup baseline")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of the suite")
+    p.add_argument("--repeats", type=int, default=1, help="responses per prompt and schedule")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and the plots")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--humaneval-timeout", type=float, default=5.0, help="seconds per HumanEval program")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
+def default_schedules(model) -> list[str]:
+    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}"]
+    fam = family(model.config)
+    inexact = [m for m, s in fam.schedules.items() if not s.exact] if fam is not None else []  # SetDLM's native
+    return ours + inexact + list(PEERS)
+
+
+def check_schedules(schedules: list[str], model) -> None:
+    """Reject up front what the model cannot decode (e.g. `native` on a left-to-right format)."""
+    fam = family(model.config)  # also a plain causal LM given a MASK id and block size (the SmolLM2 drafter)
+    ours = [schedule_mode(s)[0] for s in schedules if s not in PEERS]
+    if ours and fam is None:
+        raise SystemExit(f"{type(model).__name__} has no packed layout: run only {list(PEERS)}.")
+    wrong = [s for s in ours if s not in fam.schedules]
+    if wrong:
+        raise SystemExit(f"{wrong} not available on model_type {model.config.model_type!r}; "
+                         f"choose from {sorted(fam.schedules) + list(PEERS)}.")
+    if len(set(schedules)) != len(schedules):
+        raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
+
+
+def encode(tokenizer, prompt: Prompt, chat: bool | None, shots: int = CHAT_SHOTS) -> torch.Tensor:
+    """Prompt ids `(1, n)`. In the chat template (by default when the tokenizer has one) the user turn is
+    the bare question where the suite has one, after `shots` worked GSM8K examples for a GSM8K question,
+    else the prompt text."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat and not has_template:
+        raise SystemExit("--chat: this tokenizer has no chat template.")
+    if chat is False or not has_template:
+        return tokenizer(prompt.text, return_tensors="pt").input_ids
+    if prompt.grader == "gsm8k" and prompt.question is not None:
+        return question_ids(tokenizer, prompt.question, shots)
+    return chat_ids(tokenizer, prompt.question or prompt.text)
+
+
+def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
+    """After all timing: detokenise, grade (in parallel; each distinct text once) and, under greedy decoding,
+    mark responses whose tokens differ from `ar`'s on the same prompt and repeat."""
+    ok = [r for r in m.records if r.error is None]
+    for r in ok:
+        r.text = tokenizer.decode(r.tokens, skip_special_tokens=True)
+    if greedy and REFERENCE in m.schedules:
+        reference = {(r.prompt, r.repeat): r.tokens for r in ok if r.schedule == REFERENCE}
+        for r in ok:
+            if r.schedule != REFERENCE and (r.prompt, r.repeat) in reference:
+                r.differs_from_ar = r.tokens != reference[r.prompt, r.repeat]
+    jobs = sorted({(r.prompt, r.text) for r in ok if prompts[r.prompt].grader})
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        grades = dict(zip(jobs, pool.map(
+            lambda job: grade(prompts[job[0]].grader, prompts[job[0]].reference, job[1], timeout_s), jobs),
+            strict=True))
+    for r in ok:
+        r.correct = grades.get((r.prompt, r.text))
+
+
+def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, settings: Settings,
+              env: dict) -> dict:
+    """results.json's content: configuration, environment, order, every record, aggregates and paired ratios
+    over the prompts every schedule completed."""
+    complete = m.complete_prompts()
+    done = set(complete)
+    kept = [r for r in m.records if r.prompt in done]
+    active = m.active
+    baseline, note = args.baseline, None
+    if baseline not in active and active:
+        baseline, note = active[0], f"baseline {args.baseline!r} was not measured; ratios are to {active[0]!r}"
+    ratios = {}
+    if complete and active:
+        intervals = paired_intervals(per_prompt_totals(kept, active, complete), baseline, args.resamples, args.seed)
+        ratios = {s: {k: asdict(v) for k, v in row.items()} for s, row in intervals.items()}
+    return {
+        "config": vars(args) | {"settings": asdict(settings)},
+        "environment": env,
+        "suite": {"name": args.suite, "prompts": len(prompts), "graders": sorted({p.grader for p in prompts
+                                                                                    if p.grader})},
+        "schedules": active,
+        "baseline": baseline,
+        "baseline_note": note,
+        "greedy": settings.greedy,
+        "interrupted": m.interrupted,
+        "complete_prompts": complete,
+        "prompts": [{"index": i, "id": p.id} for i, p in enumerate(prompts)],
+        "orders": m.orders,
+        "errors": m.errors,
+        "aggregates": {s: aggregate([r for r in kept if r.schedule == s]) for s in active},
+        "ratios": ratios,
+        "bootstrap": {"resamples": args.resamples, "seed": args.seed, "level": 0.95, "over": "prompts"},
+        "records": [r.to_dict() for r in m.records],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("limit", "repeats", "max_new_tokens", "resamples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1 (got {value}).")
+    from ..cli import load_model
+
+    device, dtype = resolve(args.device, args.dtype)
+    torch.manual_seed(args.seed)
+    prompts = load_suite(args.suite, args.data, args.limit, args.prompt_field)
+    model, tokenizer = load_model(args.model, dtype)
+    model.to(device)
+    schedules = args.schedules or default_schedules(model)
+    check_schedules(schedules, model)
+    inputs = [encode(tokenizer, p, args.chat, args.shots).to(device) for p in prompts]
+    settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
+                        args.prompt_lookup_tokens)
+    m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
+                        progress=not args.no_progress)
+    if m.interrupted:
+        print("Interrupted: writing what was measured.")
+    finish(m, prompts, tokenizer, settings.greedy, args.humaneval_timeout)
+    results = summarise(m, prompts, args, settings, report.environment(device, dtype, args.seed))
+    results["command"] = "hf-packed-ss bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    files = report.write(Path(args.out), results)
+    print(report.absolute_table(results))
+    if results["ratios"]:
+        print(f"\nPaired ratios to {results['baseline']} (95% bootstrap intervals):")
+        print(report.ratio_table(results))
+    for schedule, error in m.errors.items():
+        print(f"error [{schedule}]: {error}")
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 130 if m.interrupted else 0

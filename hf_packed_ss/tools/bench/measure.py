@@ -1,0 +1,257 @@
+"""Timing responses fairly (paper appendix E.5): one loaded model, warm-up, schedules interleaved per prompt.
+
+Our schedules report their own statistics (`output.decoding_stats`: decoder time from the prefill call to the
+last token, synchronised; model time inside forward calls). Stock `generate` reports none, so for the peer
+baselines (`stock`, `prompt_lookup`) forward hooks count calls, rows and model time, and decoder time runs from
+the first forward call (the prefill) to the returned output, synchronised: stock set-up before the prefill is
+left out as our argument checks are. `generate_wall_s` keeps the whole call for both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
+from ...generation import MODES
+from .record import Record
+from .statistics import rotation
+from .suites import Prompt
+
+STOCK, PROMPT_LOOKUP = "stock", "prompt_lookup"
+PEERS = (STOCK, PROMPT_LOOKUP)
+# The schedule every tool compares with: the exactness reference (tokens must equal its) and the speed-up's base.
+REFERENCE = ARSchedule.name
+BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
+
+
+def schedule_mode(name: str) -> tuple[str, dict]:
+    """A tool's schedule name -> (assistant_mode, its extra `generate` options): ``hybrid_ss:K`` is
+    ``assistant_mode="hybrid_ss", speculative_branches=K``; any other name is the mode itself."""
+    mode, _, k = name.partition(":")
+    return (mode, {BRANCHES: int(k)}) if k else (mode, {})
+
+
+def schedule_name(text: str) -> str:
+    """`--schedules` entries (an argparse `type`): a mode, a peer baseline, or ``hybrid_ss:K`` (K >= 1); a bare
+    ``hybrid_ss`` becomes ``hybrid_ss:<default k>``, so every table names the k it measured."""
+    import argparse
+
+    mode, _, k = text.partition(":")
+    branched = mode in WINDOW_SCHEDULES and BRANCHES in WINDOW_SCHEDULES[mode].options  # hybrid_ss
+    if branched and text == mode:
+        return f"{mode}:{DEFAULT_BRANCHES}"
+    if text in MODES + list(PEERS) or (branched and k.isdigit() and int(k) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, or "
+                                     f"{HYBRID}:K for K proposal branches (speculative_branches=K)")
+
+
+# decode(schedule, input_ids) -> the Record fields it measured (width, new_tokens, nfe, times, rows, ..., tokens)
+Decode = Callable[[str, torch.Tensor], dict]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every schedule is asked for; temperature 0 means greedy. top_k 0 and top_p 1 disable those filters
+    (the paper samples from the full vocabulary)."""
+
+    max_new_tokens: int
+    width: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    prompt_lookup_tokens: int = 10
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def sampling(self) -> dict:
+        if self.greedy:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CallMeter:
+    """Forward hooks on a model for the duration of a `with`: calls, their input rows, time inside them and
+    when the first call started (device-synchronised, as the Runner times our own calls)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.device = model, model.device
+        self.rows: list[int] = []
+        self.model_time_s = 0.0
+        self.first_start: float | None = None
+        self._tic = 0.0
+
+    def _pre(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.rows.append(int((ids if ids is not None else kwargs["inputs_embeds"]).shape[1]))
+        if self.first_start is None:
+            sync(self.device)
+            self.first_start = time.perf_counter()
+        self._tic = time.perf_counter()
+
+    def _post(self, module, args, kwargs, output) -> None:
+        sync(self.device)
+        self.model_time_s += time.perf_counter() - self._tic
+
+    def __enter__(self) -> CallMeter:
+        self._hooks = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                       self.model.register_forward_hook(self._post, with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+class StepSizes(BaseStreamer):
+    """Tokens stock `generate` appends per step (the first put is the prompt)."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.sizes.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings) -> dict:
+    """One of our schedules (a `schedule_mode` name); its statistics come from the Runner."""
+    mode, extra = schedule_mode(mode)
+    drafts = mode not in WINDOW_SCHEDULES or WINDOW_SCHEDULES[mode].speculative  # AR takes no width
+    sync(ids.device)
+    start = time.perf_counter()
+    out = model.generate(ids, assistant_mode=mode, speculative_width=settings.width if drafts else None,
+                         max_new_tokens=settings.max_new_tokens, return_dict_in_generate=True, **settings.sampling(),
+                         **extra)
+    sync(ids.device)
+    wall = time.perf_counter() - start
+    stats = out.decoding_stats
+    return dict(width=stats.width, new_tokens=stats.new_tokens, nfe=stats.nfe, decoder_time_s=stats.decoder_time_s,
+                generate_wall_s=wall, model_time_s=stats.model_time_s, rows_per_call=list(stats.rows_per_call),
+                accepted_per_iteration=list(stats.accepted_per_iteration),
+                tokens=out.sequences[0, ids.shape[1]:].tolist())
+
+
+def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0) -> dict:
+    """Stock `generate` (`lookup` = 0) or stock prompt-lookup decoding with `lookup` draft tokens."""
+    steps = StepSizes()
+    kwargs = dict(assistant_mode=None, max_new_tokens=settings.max_new_tokens, streamer=steps,
+                  attention_mask=torch.ones_like(ids), **settings.sampling())
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = lookup
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT calls the base's forward
+    with CallMeter(inner) as meter:
+        sync(ids.device)
+        start = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        sync(ids.device)
+        end = time.perf_counter()
+    new = out[0, ids.shape[1]:]
+    first = meter.first_start if meter.first_start is not None else end
+    return dict(width=lookup, new_tokens=int(new.numel()), nfe=len(meter.rows), decoder_time_s=end - first,
+                generate_wall_s=end - start, model_time_s=meter.model_time_s, rows_per_call=meter.rows,
+                accepted_per_iteration=steps.sizes[1:], tokens=new.tolist())
+
+
+def decoder_for(model, settings: Settings) -> Decode:
+    """Dispatch a bench schedule name to the call that measures it."""
+
+    def decode(schedule: str, ids: torch.Tensor) -> dict:
+        if schedule == STOCK:
+            return decode_stock(model, ids, settings)
+        if schedule == PROMPT_LOOKUP:
+            return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens)
+        return decode_ours(model, ids, schedule, settings)
+
+    return decode
+
+
+def seed_for(seed: int, prompt: int, repeat: int) -> int:
+    """One seed per (prompt, repeat), the same for every schedule."""
+    return (seed * 1_000_003 + prompt * 1_009 + repeat) % (2**63)
+
+
+@dataclass
+class Measurement:
+    """What the interleaved loop measured; `errors` maps a schedule to why it stopped being run."""
+
+    schedules: list[str]
+    repeats: int
+    records: list[Record] = field(default_factory=list)
+    orders: list[dict] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+
+    @property
+    def active(self) -> list[str]:
+        return [s for s in self.schedules if s not in self.errors]
+
+    def complete_prompts(self) -> list[int]:
+        """Prompts every still-active schedule decoded `repeats` times: the paired comparison uses these."""
+        counts: dict[tuple[int, str], int] = {}
+        for r in self.records:
+            if r.error is None:
+                counts[r.prompt, r.schedule] = counts.get((r.prompt, r.schedule), 0) + 1
+        prompts = sorted({r.prompt for r in self.records})
+        return [p for p in prompts if all(counts.get((p, s), 0) == self.repeats for s in self.active)]
+
+
+def _error(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def run_interleaved(decode: Decode, schedules: list[str], prompts: list[Prompt], inputs: list[torch.Tensor],
+                    repeats: int = 1, seed: int = 0, warmup: bool = True, progress: bool = True) -> Measurement:
+    """Warm up every schedule on the first prompt (not recorded), then for run step = prompt * repeats + repeat
+    decode with every schedule in `rotation(schedules, step)`. A schedule that raises is recorded with its error
+    and not run again; Ctrl-C stops the loop and keeps everything measured so far."""
+    from tqdm.auto import tqdm
+
+    m = Measurement(list(schedules), repeats)
+    bar = None
+    try:
+        if warmup:
+            for s in schedules:
+                try:
+                    torch.manual_seed(seed)
+                    decode(s, inputs[0])
+                except Exception as error:  # reported as the schedule's row error
+                    m.errors[s] = "warm-up: " + _error(error)
+        bar = tqdm(total=len(prompts) * repeats * len(m.active), desc="bench", unit="response", disable=not progress)
+        for i, prompt in enumerate(prompts):
+            for r in range(repeats):
+                order = [s for s in rotation(m.schedules, i * repeats + r) if s not in m.errors]
+                m.orders.append({"prompt": i, "repeat": r, "order": order})
+                for position, s in enumerate(order):
+                    if s in m.errors:
+                        continue
+                    bar.set_postfix_str(f"{prompt.id} {s}", refresh=False)
+                    torch.manual_seed(seed_for(seed, i, r))
+                    try:
+                        fields = decode(s, inputs[i])
+                    except Exception as error:
+                        m.errors[s] = f"{prompt.id}: " + _error(error)
+                        m.records.append(Record(s, i, prompt.id, r, position, error=m.errors[s]))
+                        continue
+                    m.records.append(Record(s, i, prompt.id, r, position, **fields))
+                    bar.update()
+    except KeyboardInterrupt:
+        m.interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
+    return m

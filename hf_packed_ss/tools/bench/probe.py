@@ -1,0 +1,260 @@
+"""`hf-packed-ss probe`: the introduction's cost model on this machine, a call of n rows costing tau + delta * n.
+
+It times model forwards of n new rows (4D boolean mask, the packed-call path) against a KV cache holding a prompt,
+cropping the cache back after each call, fits tau and delta by least squares, and predicts which schedule and
+width is fastest: from a bench `results.json` (measured tokens/NFE and rows per call; prediction next to the
+measured throughput), or else from the rows per call the engine's layouts build for each schedule
+(`rows_per_iteration`, the layout's default shapes unless `--static-shapes`) with a per-token acceptance rate
+alpha. The model covers model execution only; what it misses is non-model decoder time (appendix F.3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics as stats
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from ...engine.schedules import SCHEDULES
+from ...modeling import cache_keyword
+from .measure import sync
+
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def time_rows(model, rows: list[int], context: int = 128, iters: int = 10, warmup: int = 2,
+              seed: int = 0) -> dict[int, float]:
+    """Median seconds of one forward of n new rows after a cached `context`-token prompt, per n. Row counts are
+    interleaved within each round, so drift of the machine hits all alike."""
+    decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model decodes through its twin
+    device, cache_kw = decoder.device, cache_keyword(decoder)
+    g = torch.Generator().manual_seed(seed)
+    vocab = decoder.config.vocab_size
+    prompt = torch.randint(vocab, (1, context), generator=g).to(device)
+    cache = DynamicCache()
+    calls = {}
+    for n in rows:  # inputs built once: only the forward is timed
+        ids = torch.randint(vocab, (1, n), generator=g).to(device)
+        positions = torch.arange(context, context + n, device=device)[None]
+        new = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        mask = torch.cat([torch.ones(n, context, dtype=torch.bool, device=device), new], dim=1)[None, None]
+        calls[n] = dict(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True)
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    with torch.no_grad():
+        decoder(input_ids=prompt, use_cache=True, **{cache_kw: cache})
+        for round_ in range(warmup + iters):
+            for n in rows[round_ % len(rows):] + rows[:round_ % len(rows)]:
+                sync(device)
+                tic = time.perf_counter()
+                decoder(**calls[n], **{cache_kw: cache})
+                sync(device)
+                if round_ >= warmup:
+                    times[n].append(time.perf_counter() - tic)
+                cache.crop(-n)  # back to the prompt (5.24 takes the rows to remove)
+    return {n: stats.median(t) for n, t in times.items()}
+
+
+def fit(latency: dict[int, float]) -> tuple[float, float, float]:
+    """Least squares latency = tau + delta * n; returns (tau, delta, R^2)."""
+    n = np.array(list(latency), dtype=float)
+    y = np.array(list(latency.values()))
+    delta, tau = np.polyfit(n, y, 1) if len(n) > 1 else (0.0, float(y[0]))
+    residual = y - (tau + delta * n)
+    total = ((y - y.mean()) ** 2).sum()
+    return float(tau), float(delta), float(1 - (residual**2).sum() / total) if total > 0 else 1.0
+
+
+# A model-free stand-in for the model when the probe drives a schedule through its real layout: vocabulary 3,
+# MASK = 2; verifier rows predict token 1 and proposal rows token 0, so every draft token is rejected.
+_VOCAB, _MASK = 3, 2
+
+
+def _rejecting_logits(call) -> torch.Tensor:
+    """Logits for a built call's kept rows: proposals argmax 0, verifier rows argmax 1 (first draft token rejected)."""
+    logits = torch.zeros(call.logit_rows.numel(), _VOCAB)
+    logits[:, 0] = 1.0
+    if call.verifier_rows is not None:
+        logits[call.verifier_rows] = torch.tensor([0.0, 1.0, 0.0])
+    return logits
+
+
+def layout_default_static_shapes(any_order: bool = False) -> bool:
+    """The layout's own default for `static_shapes` (what `generate` decodes with), read from its signature."""
+    from ...engine.layouts import SamePositionLayout, ShiftedBlockLayout
+
+    layout = SamePositionLayout if any_order else ShiftedBlockLayout
+    return inspect.signature(layout).parameters["static_shapes"].default
+
+
+@lru_cache(maxsize=1024)
+def _steady_rows(schedule: str, width: int, any_order: bool, static_shapes: bool, options: tuple) -> tuple[int, ...]:
+    from ...engine import WINDOW_SCHEDULES, SamePositionLayout, ShiftedBlockLayout, decode
+
+    table = WINDOW_SCHEDULES if any_order else SCHEDULES
+    steady = sorted(m for m, s in table.items() if s.exact)  # the native decoder commits by threshold: no steady state
+    if schedule not in steady:
+        raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of {steady}.")
+    layout = (SamePositionLayout if any_order else ShiftedBlockLayout)(_MASK, static_shapes=static_shapes)
+    iterations: list[list[int]] = [[]]
+
+    def record(step) -> None:  # an iteration ends with its verification
+        iterations[-1].append(step.call.rows)
+        if step.plan.verify:
+            iterations.append([])
+
+    # every draft is rejected, so each iteration resolves one position: stop after four, with full windows
+    decode(lambda call, cache: _rejecting_logits(call), table[schedule](width, **dict(options)), layout,
+           torch.zeros(2, dtype=torch.long), 2 * width + 8, stop=lambda ids: ids.numel() >= 6, trace=record)
+    return tuple(iterations[2])
+
+
+def rows_per_iteration(schedule: str, width: int, any_order: bool = False, static_shapes: bool = True,
+                       **options) -> list[int]:
+    """Rows of each call of one steady-state iteration, read from the engine: the schedule
+    (`schedules.SCHEDULES`, or `WINDOW_SCHEDULES` when `any_order`) is driven through its own plans and the real
+    layout (`ShiftedBlockLayout` / `SamePositionLayout`) through the decoding loop on a two-token prompt, with no
+    model: every draft is rejected at its
+    first token (h = 0, what a random drafter gives nearly always), and the rows of the third iteration are
+    returned, by which time every schedule repeats itself. That is the largest steady-state call of every
+    schedule: each accepted draft token only shortens the next draft; SetDLM windows have one pending token (the
+    correction) and LTR order. `options` go to the schedule (e.g. ``speculative_branches=k`` for hybrid_ss).
+
+    ``static_shapes=True`` (the default) gives appendix D.3's shapes. Nemotron (B = W + 1): AR 1; Linear-SS B + B;
+    Packed-SS 2B; Quadratic-SS B(B + 1). SetDLM (window u = W): AR 2; Linear-SS (1 + u) + 2u; Packed-SS 1 + 3u;
+    Quadratic-SS 1 + 2u + u^2. ``static_shapes=False`` (the layouts' default, what `generate` runs) drops rows no
+    acceptance can use: Packed-SS 2B - 1 and 3u - 1 (the draft left after a rejection is W - 1 long),
+    Quadratic-SS 2u + u(u - 1)/2 on SetDLM, hybrid_ss in between; AR and Linear-SS are unchanged."""
+    return list(_steady_rows(schedule, width, any_order, bool(static_shapes), tuple(sorted(options.items()))))
+
+
+def expected_tokens(schedule: str, width: int, alpha: float) -> float:
+    """Tokens per iteration when each draft token is accepted independently with probability alpha: the accepted
+    run plus the correction/bonus token, 1 + alpha + ... + alpha^W (AR: 1)."""
+    if not SCHEDULES[schedule].speculative:
+        return 1.0
+    return float(sum(alpha**j for j in range(width + 1)))
+
+
+def formula_predictions(tau: float, delta: float, max_width: int, alpha: float, any_order: bool = False,
+                        static_shapes: bool | None = None) -> list[dict]:
+    """Predicted tokens/s of every schedule and width from the rows the engine lays out per iteration
+    (`rows_per_iteration`). `static_shapes` None (default) uses the layout's own default, the shapes `generate`
+    decodes with and a bench measures, so the prediction describes the decoder the bench ran; their row counts are
+    those of the steady state's largest call (after a rejection)."""
+    static = layout_default_static_shapes(any_order) if static_shapes is None else static_shapes
+    out = []
+    for schedule in ("ar", "linear_ss", "packed_ss", "quadratic_ss"):
+        for width in range(1, max_width + 1) if SCHEDULES[schedule].speculative else [0]:
+            calls = rows_per_iteration(schedule, max(width, 1), any_order, static)
+            seconds = sum(tau + delta * n for n in calls)
+            tokens = expected_tokens(schedule, width, alpha)
+            out.append({"schedule": schedule, "width": width, "rows_per_iteration": sum(calls),
+                        "tokens_per_iteration": tokens, "seconds_per_iteration": seconds,
+                        "predicted_throughput": tokens / seconds})
+    return out
+
+
+def measured_predictions(tau: float, delta: float, results: dict) -> list[dict]:
+    """For every schedule a bench measured: predicted time/NFE = tau + delta * (its mean rows per call),
+    predicted tokens/s = measured tokens/NFE over that, next to the measured figures."""
+    out = []
+    for schedule, a in results["aggregates"].items():
+        if not a.get("responses") or not a.get("nfe"):
+            continue
+        per_nfe = tau + delta * a["mean_rows_per_call"]
+        out.append({"schedule": schedule, "width": a["width"], "tokens_per_nfe": a["tokens_per_nfe"],
+                    "mean_rows_per_call": a["mean_rows_per_call"], "predicted_time_per_nfe": per_nfe,
+                    "measured_model_time_per_nfe": a["model_time_s"] / a["nfe"],
+                    "measured_time_per_nfe": a["time_per_nfe_s"],
+                    "predicted_throughput": a["tokens_per_nfe"] / per_nfe, "measured_throughput": a["throughput"]})
+    return out
+
+
+def _best(rows: list[dict], key: str) -> dict:
+    return max(rows, key=lambda r: r[key] if r[key] is not None else float("-inf"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-packed-ss probe", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="bundled name or local folder (default: the results' model, "
+                                                 "else tiny-nemotron-random)")
+    p.add_argument("--results", default=None, help="a bench results.json to predict from and compare with")
+    p.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS), help="new rows per timed call")
+    p.add_argument("--context", type=int, default=128, help="cached prompt length")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per row count (median taken)")
+    p.add_argument("--alpha", type=float, default=0.7, help="per-token acceptance rate for the formula prediction")
+    p.add_argument("--dtype", default=None, choices=("auto", "float32", "float64", "bfloat16", "float16"),
+                   help="default: the results' dtype, else auto")
+    p.add_argument("--device", default=None, help="default: the results' device, else auto")
+    p.add_argument("--static-shapes", action=argparse.BooleanOptionalAction, default=None,
+                   help="rows per call of the formula prediction with appendix D.3's static shapes (default: the "
+                        "layout's own default, what generate decodes with)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the probe's numbers to this file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ...generation import family
+    from ..cli import load_model
+    from .command import resolve
+
+    args = build_parser().parse_args(argv)
+    results = json.loads(Path(args.results).read_text()) if args.results else None
+    config = (results or {}).get("config", {})
+    device, dtype = resolve(args.device or config.get("device", "auto"), args.dtype or config.get("dtype", "auto"))
+    model_name = args.model or config.get("model", "tiny-nemotron-random")
+    torch.manual_seed(args.seed)
+    model, _ = load_model(model_name, dtype)
+    model.to(device)
+    rows = sorted(set(args.rows))
+    latency = time_rows(model, rows, args.context, args.iters, seed=args.seed)
+    tau, delta, r2 = fit(latency)
+    print(f"{model_name} on {device} ({str(dtype).removeprefix('torch.')}), {args.context} cached tokens:")
+    print(f"{'rows':>6}{'ms/call':>10}{'fit ms':>10}")
+    for n, t in latency.items():
+        print(f"{n:>6}{t * 1e3:>10.3f}{(tau + delta * n) * 1e3:>10.3f}")
+    print(f"tau = {tau * 1e3:.3f} ms, delta = {delta * 1e3:.4f} ms/row (R^2 = {r2:.3f})"
+          + (f"; a call of {tau / delta:.0f} rows costs 2 tau" if tau > 0 and delta > 0 else ""))
+    out = {"model": model_name, "device": str(device), "dtype": str(dtype), "context": args.context,
+           "latency_s": latency, "tau_s": tau, "delta_s": delta, "r2": r2}
+    fam = family(model.config)
+    if fam is None:
+        raise SystemExit(f"{type(model).__name__} has no packed layout: there is nothing to predict.")
+    any_order, max_width = fam.any_order, fam.widths(model.config)[0]
+    static = layout_default_static_shapes(any_order) if args.static_shapes is None else args.static_shapes
+    formula = formula_predictions(tau, delta, max_width, args.alpha, any_order, static)
+    best = _best(formula, "predicted_throughput")
+    out["formula"], out["static_shapes"] = formula, static
+    print(f"\nCost model with per-token acceptance alpha = {args.alpha} ({'static' if static else 'lean'} shapes): "
+          f"fastest is {best['schedule']} "
+          f"W={best['width']} ({best['predicted_throughput']:.1f} tokens/s predicted, model time only)")
+    for s in ("ar", "linear_ss", "packed_ss", "quadratic_ss"):
+        top = _best([r for r in formula if r["schedule"] == s], "predicted_throughput")
+        print(f"  {s:<14} best W={top['width']:<4} {top['predicted_throughput']:>10.1f} tokens/s")
+    if results:
+        measured = measured_predictions(tau, delta, results)
+        out["measured"] = measured
+        print(f"\nAgainst the bench ({args.results}):")
+        print(f"{'schedule':<14}{'W':>4}{'tok/NFE':>9}{'rows/call':>10}{'pred ms/NFE':>12}{'model ms/NFE':>13}"
+              f"{'wall ms/NFE':>12}{'pred tok/s':>11}{'meas tok/s':>11}")
+        for r in measured:
+            print(f"{r['schedule']:<14}{r['width']:>4}{r['tokens_per_nfe']:>9.2f}{r['mean_rows_per_call']:>10.1f}"
+                  f"{r['predicted_time_per_nfe'] * 1e3:>12.3f}{r['measured_model_time_per_nfe'] * 1e3:>13.3f}"
+                  f"{r['measured_time_per_nfe'] * 1e3:>12.3f}{r['predicted_throughput']:>11.1f}"
+                  f"{r['measured_throughput']:>11.1f}")
+        if measured:
+            p, m = _best(measured, "predicted_throughput"), _best(measured, "measured_throughput")
+            print(f"predicted fastest: {p['schedule']} (W={p['width']}); measured fastest: {m['schedule']} "
+                  f"(W={m['width']})")
+            out["predicted_fastest"], out["measured_fastest"] = p["schedule"], m["schedule"]
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
