@@ -88,15 +88,21 @@ class SamePositionLayout(LayoutBase):
         )
 
 
-@lru_cache(maxsize=1024)
 def _template(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, regions: tuple, device: torch.device):
     """Everything about one call shape that does not depend on the tokens (few shapes recur: p in {0, 1}, a full
     window, drafts on a prefix of the ranks). O rows are ranks 0..o_rows-1 (drafted below `kappa`), `m` the
     number of M rows (the first `verify_ranks` read), `regions` (b, first R rank laid out, first R rank read)
     triples. Returns the (q, q) bool mask, the rank of each O, M and R row, the kept logit rows, the slice of
-    them per region and the number of MASK rows."""
-    # Per row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
-    kind, rank, bound, has_draft = [ROW_N] * p, list(range(p)), [-1] * p, [False] * p
+    them per region and the number of MASK rows. A call with a prompt's worth of N rows is built afresh, so no
+    cache holds a prompt-sized mask."""
+    build = _shape if p <= 2 else _shape.__wrapped__
+    return build(p, u, o_rows, kappa, m, verify_ranks, regions, device)
+
+
+@lru_cache(maxsize=1024)
+def _shape(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, regions: tuple, device: torch.device):
+    # Per row after N: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
+    kind, rank, bound, has_draft = [], [], [], []
     groups = [(ROW_O, list(range(o_rows)), list(range(o_rows)), [r < kappa for r in range(o_rows)]),
               (ROW_M, list(range(m)), list(range(m)), [False] * m)]
     groups += [(ROW_R, list(range(first, u)), [b] * (u - first), [False] * (u - first)) for b, first, _ in regions]
@@ -105,17 +111,19 @@ def _template(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int
         rank += ranks
         bound += bounds
         has_draft += drafts
-    kind_t, rank_t, bound_t, drafted_t = (torch.tensor(x) for x in (kind, rank, bound, has_draft))
+    n_rows = (torch.full((p,), ROW_N), torch.arange(p), torch.full((p,), -1), torch.zeros(p, dtype=torch.bool))
+    kind_t, rank_t, bound_t, drafted_t = (torch.cat([n, torch.tensor(x, dtype=n.dtype)])
+                                          for n, x in zip(n_rows, (kind, rank, bound, has_draft), strict=True))
     is_n = kind_t == ROW_N
     sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
     sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
-    new = sees_n | sees_o | torch.eye(len(kind), dtype=torch.bool)
+    new = sees_n | sees_o | torch.eye(p + len(kind), dtype=torch.bool)
     first_logit = p + o_rows  # M and R rows follow N and O
     kept, row, slices = list(range(first_logit, first_logit + verify_ranks)), first_logit + m, []
     for _, laid, read in regions:
         kept += range(row + read - laid, row + u - laid)
         slices.append(slice(len(kept) - (u - read), len(kept)))
         row += u - laid
-    n_masks = len(kind) - p - kappa
+    n_masks = len(kind) - kappa
     return (new.to(device), rank_t[p:].to(device), torch.tensor(kept, dtype=torch.long, device=device),
             tuple(slices), n_masks)

@@ -86,27 +86,31 @@ class ShiftedBlockLayout(LayoutBase):
         )
 
 
-@lru_cache(maxsize=256)
 def _template(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: int, device: torch.device):
-    """Everything about one call shape that does not depend on the tokens, built once per shape and device
-    (regular calls of a schedule all share one): relative positions, the new-rows part of the mask, the rows
-    whose logits are kept and the slices of them per proposal. `proposals` are (branch, anchored, length)
-    triples, `last` the relative position of P's last token."""
-    pos, group, limit, kept, rows = [], [], [], [], []
-    if verify:
-        for i in range(t + slots):
-            pos.append(i), group.append(-1), limit.append(i + 1)
-        kept += range(t - 1, t + k)
-    for g, (branch, anchored, length) in enumerate(proposals):
+    """Everything about one call shape that does not depend on the tokens: relative positions, the new-rows part
+    of the mask, the rows whose logits are kept and the slices of them per proposal. `proposals` are
+    (branch, anchored, length) triples, `last` the relative position of P's last token. Regular calls (a tail of
+    one token) share a few shapes, built once per decode shape and device; the prompt's call is built afresh
+    (vectorised), so no cache holds a prompt-sized mask."""
+    build = _shape if t <= 2 else _shape.__wrapped__
+    return build(verify, t, k, slots, proposals, last, device)
+
+
+@lru_cache(maxsize=256)
+def _shape(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: int, device: torch.device):
+    nv = t + slots if verify else 0  # verifier rows: causal, relative position = row index
+    q = nv + sum(length + anchored for _, anchored, length in proposals)
+    mask = torch.zeros(q, q, dtype=torch.bool, device=device)
+    mask[:nv, :nv] = torch.ones(nv, nv, dtype=torch.bool, device=device).tril_()
+    pos, kept, rows = [torch.arange(nv)], [torch.arange(t - 1, t + k)] if verify else [], []
+    n, n_kept = nv, k + 1 if verify else 0
+    for branch, anchored, length in proposals:
         start = last + branch  # relative position of the context's last token
-        block = range(start, start + 1 + length) if anchored else range(start + 1, start + 1 + length)
-        sees_before = start if anchored else start + 1  # an anchor sees only its earlier context
-        first_mask = len(pos) + anchored
-        for x in block:
-            pos.append(x), group.append(g), limit.append(sees_before)
-        rows.append(slice(len(kept), len(kept) + length))
-        kept += range(first_mask, first_mask + length)
-    pos_t, group_t, limit_t = (torch.tensor(x, device=device) for x in (pos, group, limit))
-    sees_verifier = (group_t[None, :] == -1) & (pos_t[None, :] < limit_t[:, None])
-    same_block = (group_t[:, None] == group_t[None, :]) & (group_t[:, None] >= 0)
-    return pos_t, sees_verifier | same_block, torch.tensor(kept, dtype=torch.long, device=device), tuple(rows)
+        size, sees = length + anchored, start if anchored else start + 1  # an anchor sees only its earlier context
+        mask[n : n + size, : min(sees, nv)] = True  # the verifier rows before its context's end
+        mask[n : n + size, n : n + size] = True  # bidirectional inside the block
+        pos.append(torch.arange(size) + (start if anchored else start + 1))
+        kept.append(torch.arange(n + anchored, n + size))
+        rows.append(slice(n_kept, n_kept + length))
+        n, n_kept = n + size, n_kept + length
+    return torch.cat(pos).to(device), mask, torch.cat(kept).to(device), tuple(rows)

@@ -7,12 +7,21 @@ the mask in one buffer, so this figure should stay flat. Each context is a prefi
 GSM8K questions, MIT licence, joined) cut to that many tokens; every schedule decodes the same number of new
 tokens after it. As everywhere in the benchmark: a warm-up, repeats interleaved in rotating order, the median
 repeat and the range of the repeats, and the ratio of the longest context to the shortest.
+
+``--against DIR`` measures another source checkout's engine too (e.g. ``git worktree add ../old <commit>``):
+each repeat runs both engines, in rotating order, each in a fresh process of its own with one repeat, and the
+table puts them side by side with the ratio of this engine's time to the other's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -62,6 +71,43 @@ def table(times: dict, contexts: list[int]) -> str:
     return "\n".join(lines)
 
 
+def one_repeat(tree: Path, args, contexts: list[int]) -> dict:
+    """One repeat of every cell, measured by the engine of the source checkout `tree` in a process of its own.
+    Returns {schedule: {context: [ms]}}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        command = [sys.executable, "-m", "hf_packed_ss.bench.overhead", "--model", args.model, "--repeats", "1",
+                   "--contexts", *map(str, contexts), "--schedules", *args.schedules, "--threads", str(args.threads),
+                   "--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tree)
+        if done.returncode:
+            raise SystemExit(f"The engine in {tree} failed:\n{done.stderr[-2000:]}")
+        times = json.loads(out.read_text())["times"]
+    return {mode: {int(n): t for n, t in by.items()} for mode, by in times.items()}
+
+
+def against(args, contexts: list[int], other: Path) -> str:
+    """Both engines, repeats interleaved in rotating order; a table of this one's and the other's ms/call."""
+    ours = Path(__file__).resolve().parents[3]
+    trees = {"ours": ours, "other": other.resolve()}
+    times = {name: {mode: {n: [] for n in contexts} for mode in args.schedules} for name in trees}
+    for r in range(args.repeats):
+        for name in rotation(list(trees), r):
+            for mode, by in one_repeat(trees[name], args, contexts).items():
+                for n, t in by.items():
+                    times[name][mode][n] += t
+    lines = [f"| schedule | context | this engine ms/call [range] | {other} ms/call [range] | this / other |",
+             "|---|---|---|---|---|"]
+    for mode in args.schedules:
+        for n in contexts:
+            a, b = spread(times["ours"][mode][n]), spread(times["other"][mode][n])
+            lines.append(f"| {mode} | {n} | {a.value:.3f} [{a.low:.3f}, {a.high:.3f}] | {b.value:.3f} "
+                         f"[{b.low:.3f}, {b.high:.3f}] | {a.value / b.value:.2f} |")
+    growth = {name: table(by, contexts) for name, by in times.items()}
+    return "\n".join(lines) + "\n\nThis engine:\n\n" + growth["ours"] + f"\n\n{other}:\n\n" + growth["other"]
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..cli import load_model
 
@@ -75,12 +121,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run a logits processor that reads the whole sequence (e.g. 1.1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--json", default=None, help="also write every repeat to this file")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="also measure the engine of this source checkout, side by side (each repeat in a fresh "
+                             "process per engine, rotating order)")
     args = parser.parse_args(argv)
+    contexts = sorted(args.contexts)
+    if args.against is not None:
+        print(f"Non-model decoder time per call, {args.model}, {args.max_new_tokens} new tokens, median of "
+              f"{args.repeats} repeats per engine:\n")
+        print(against(args, contexts, args.against))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, torch.float32)
     options = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
-    contexts = sorted(args.contexts)
     with torch.inference_mode():
         times = measure(model, tokenizer, contexts, args.schedules, args.max_new_tokens, args.repeats, **options)
     print(f"Non-model decoder time per call, {args.model}, {args.max_new_tokens} new tokens, median of "
