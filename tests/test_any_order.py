@@ -57,7 +57,7 @@ def decode(model, mode, prompt, length, width, order="ltr", eos=(), stop=None, t
                                static=static, eos=eos, stop=stop, trace=steps)
     for step in steps if trace is not None else ():  # as (plan, call, logits, (pairs, h)) per call
         verdict = step.verdict
-        out = None if verdict is None else (list(zip(verdict.positions, verdict.tokens, strict=True)), verdict.h)
+        out = None if not verdict.verified else (list(zip(verdict.positions, verdict.tokens, strict=True)), verdict.h)
         trace.append({"plan": step.plan, "call": step.call, "logits": step.logits, "out": out})
     return seq[len(prompt):].tolist(), stats
 

@@ -7,6 +7,7 @@ and a 4D mask, and says which ranks each proposal's rows score; neither sees the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,7 +27,7 @@ class Proposal:
     anchored: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Plan:
     """One model call.
 
@@ -93,32 +94,39 @@ class CallResult:
     proposal_ranks: list[range] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Verdict:
     """What one call decided: the tokens it accepts, by rank from 0, their positions, and how.
 
     Attributes:
         tokens: accepted tokens on the host, ranks 0..len-1 of the plan.
-        positions: their output positions.
+        positions: their output positions (a range when contiguous).
         h: how many of them are draft tokens (their rows enter the cache in this call).
         bonus: whether the token after a fully accepted draft was drawn (a "bonus" rather than a correction).
         kind: how the non-draft token was produced: "correction", "bonus", "verifier" (no draft: AR, a
-            prefill) or "committed" (SetDLM's native threshold commit, several per call).
+            prefill) or "committed" (SetDLM's native threshold commit, several per call); "drafting" for a call
+            that only drafted (Linear-SS's first call of an iteration), which accepts nothing.
     """
 
     tokens: list[int]
-    positions: list[int]
+    positions: Sequence[int]
     h: int = 0
     bonus: bool = False
     kind: str = "verifier"
+
+    @classmethod
+    def drafting(cls) -> Verdict:
+        """The verdict of a call that only drafted: nothing accepted, nothing verified."""
+        return cls([], [], kind="drafting")
+
+    @property
+    def verified(self) -> bool:
+        return self.kind != "drafting"
 
     @property
     def kinds(self) -> list[str]:
         """Provenance of each accepted token, in rank order."""
         return ["draft" if r < self.h else self.kind for r in range(len(self.tokens))]
-
-
-DRAFTING = None  # what `Schedule.advance` returns for a call that only drafts (Linear-SS's first call)
 
 
 @dataclass

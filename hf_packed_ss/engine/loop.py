@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .contract import DRAFTING, CallResult, PackedCall, Plan, Verdict
+from .contract import CallResult, PackedCall, Plan, Verdict
 from .state import DecoderState
 from .stats import DecodingStats
 
@@ -28,13 +28,13 @@ Forward = Callable[[PackedCall, DynamicCache], torch.Tensor]
 @dataclass(frozen=True)
 class Step:
     """One call as the trace hook sees it: the plan, the built call, the logits, the processed result and
-    the verdict (None for a drafting-only call)."""
+    the verdict."""
 
     plan: Plan
     call: PackedCall
     logits: torch.Tensor
     result: CallResult
-    verdict: Verdict | None
+    verdict: Verdict
 
 
 def _sync(device: torch.device) -> None:
@@ -123,12 +123,12 @@ def fit_context(forward, schedule, layout, plan: Plan, call: PackedCall, state: 
     return call
 
 
-def stop_end(state: DecoderState, new: list[int], floor: int, stop) -> int:
+def stop_end(state: DecoderState, new, floor: int, stop) -> int:
     """The earliest j <= E where a run of accepted tokens meets `stop` (or E). `stop(sequence)` is asked about
     every accepted run that ends at or after a newly accepted position; a run from position 0 carries the
     prompt in front, so under left-to-right order this is exactly stock generate's check after every token.
     `floor`: every position below it was accepted before this call."""
-    last = max(new + list(state.ahead) + [state.left - 1])  # the reach of the runs through a new position
+    last = max([*new, *state.ahead, state.left - 1])  # the reach of the runs through a new position
     for j in range(min(new), min(last, state.end) + 1):
         if not state.accepted(j):
             continue
@@ -186,23 +186,23 @@ def decode(
         if trace is not None:
             trace(Step(plan, call, logits, result, verdict))
         # 4. commit the cache: N and the accepted draft rows (cacheable rows come first: one crop)
-        h = 0 if verdict is DRAFTING else verdict.h
+        h = verdict.h
         cache.crop(call.rows_to_cache(h) - call.rows)
-        if verdict is DRAFTING:
-            state.commit(call.cache_rows_before_draft, (), ())
-            continue
         state.commit(call.cache_rows_before_draft, verdict.positions[:h], verdict.positions[h:])
+        if not verdict.verified:
+            continue
         # 5. stop exactly at EOS / length / stopping criteria (Algorithm 1, lines 7-8)
         floor, before = state.left, state.end
         new = state.accept(verdict.positions, verdict.tokens)
         if streamer is not None:
             kinds.update(zip(verdict.positions, verdict.kinds, strict=True))
-        end = min([before] + [j for j, t in zip(verdict.positions, verdict.tokens, strict=True)
-                              if t in eos and j <= before])
-        state.end = end
+        if eos:
+            state.end = min([before] + [j for j, t in zip(verdict.positions, verdict.tokens, strict=True)
+                                        if t in eos and j <= before])
+        end = state.end
         if stop is not None and new:
             end = stop_end(state, new, floor, stop)
-        stats.accepted_per_iteration.append(sum(1 for j in new if j <= end))
+        stats.accepted_per_iteration.append(len(new) if end == before else sum(1 for j in new if j <= end))
         if end < before:
             roll_back(state, state.drop_after(end), cache)
         if streamer is not None and state.left > streamed:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
-from .contract import DRAFTING, EMPTY, CallResult, Plan, Proposal, Verdict
+from .contract import EMPTY, CallResult, Plan, Proposal, Verdict
 from .order import ORDERS
 
 HYBRID = "hybrid_ss"
@@ -124,20 +124,19 @@ class Schedule:
     def plan(self, window: tuple[int, ...]) -> Plan:
         raise NotImplementedError
 
-    def advance(self, plan: Plan, result: CallResult) -> Verdict | None:
-        """Consume a call's result: the verdict, or `DRAFTING` (None) for a call that verified nothing."""
+    def advance(self, plan: Plan, result: CallResult) -> Verdict:
+        """Consume a call's result: the verdict (`Verdict.drafting()` for a call that verified nothing)."""
         raise NotImplementedError
 
     def verify(self, plan: Plan, result: CallResult) -> Verdict:
         """Algorithm 1, lines 5-6 (Algorithm 3, lines 7 and 9-10): check the draft in rank order against its
         stored Q; A_t = min(h + 1, u) tokens are accepted, the last one the verifier's unless the window is full."""
-        self.started = True
         kappa = plan.available
         q = None if self.draft.q is None or not kappa else self.draft.q[self.draft.rows(plan.order[:kappa])]
         tokens, h = self.acceptance.decide(plan.draft, q, result.verifier)
         bonus = h == kappa < len(tokens)
         kind = "verifier" if not kappa else "bonus" if bonus else "correction"
-        return Verdict(tokens, list(plan.positions(range(len(tokens)))), h, bonus, kind)
+        return Verdict(tokens, plan.positions(range(len(tokens))), h, bonus, kind)
 
     def draft_from(self, plan: Plan, result: CallResult, proposal: int, resolved: int, scored: bool = True) -> None:
         """Algorithm 1, line 10 (Algorithm 3, line 15): the rows of `proposal` that score ranks past the
@@ -205,6 +204,7 @@ class PackedSSSchedule(Schedule):
 
     def advance(self, plan: Plan, result: CallResult) -> Verdict:
         verdict = self.verify(plan, result)  # lines 5-6: h_t, C_t = d^(1..h_t) + v^(h_t + 1)
+        self.started = True
         selected = max(i for i, p in enumerate(plan.proposals) if p.branch <= verdict.h)
         self.draft_from(plan, result, selected, len(verdict.tokens))  # line 10: D_t, past the A_t accepted
         return verdict
@@ -269,12 +269,12 @@ class LinearSSSchedule(Schedule):
             return Plan(self.order(window, self.score), verify=False, proposals=(Proposal(0, anchored=True),))
         return Plan(self.pending_order, self.draft.at(self.pending_order))
 
-    def advance(self, plan: Plan, result: CallResult) -> Verdict | None:
+    def advance(self, plan: Plan, result: CallResult) -> Verdict:
+        self.started = True
         if not plan.verify:
-            self.started = True
             self.draft_from(plan, result, 0, 0, scored=False)
             self.pending_order = plan.order
-            return DRAFTING
+            return Verdict.drafting()
         verdict = self.verify(plan, result)
         if self.scores_order:
             top = probabilities(result.verifier).max(dim=-1).values.tolist()

@@ -21,6 +21,8 @@ def _join(a: Sequence[int], b: Sequence[int]) -> Sequence[int]:
     """`a` followed by `b`, kept a range when the two are contiguous."""
     if not b:
         return a
+    if type(a) is range and type(b) is range and (a.stop == b.start or not a):  # left to right: the fast path
+        return range(a.start if a else b.start, b.stop)
     if isinstance(a, list):  # already scattered: extend in place (no copy of the whole list per call)
         a.extend(b)
         return a
@@ -106,10 +108,13 @@ class DecoderState:
         self.pending = _join(self.pending[consumed:], rest)
         self.cache_len += consumed + len(drafts)
 
-    def accept(self, positions: list[int], tokens: list[int]) -> list[int]:
+    def accept(self, positions: Sequence[int], tokens: list[int]) -> Sequence[int]:
         """Accept tokens at positions (none past E); returns the positions accepted."""
-        keep = [i for i, j in enumerate(positions) if j <= self.end]
-        if len(keep) < len(positions):
+        if type(positions) is range:
+            n = max(0, min(len(positions), self.end + 1 - positions.start))
+            positions, tokens = positions[:n], tokens[:n]
+        elif positions and max(positions) > self.end:
+            keep = [i for i, j in enumerate(positions) if j <= self.end]
             positions, tokens = [positions[i] for i in keep], [tokens[i] for i in keep]
         self.write(positions, tokens)
         if positions and positions[0] == self.left and _slice(positions) is not None:

@@ -48,5 +48,5 @@ class PackedSSCandidateGenerator(CandidateGenerator):
 
     def observe(self, step: Step) -> None:
         """The loop's trace hook: record the outcome of every call that verified."""
-        if step.verdict is not None:
+        if step.verdict.verified:
             self.update_candidate_strategy(None, step.result.verifier, step.verdict.h)

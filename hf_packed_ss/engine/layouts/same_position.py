@@ -101,7 +101,7 @@ def _template(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int
 
 @lru_cache(maxsize=1024)
 def _shape(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, regions: tuple, device: torch.device):
-    # Per row after N: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
+    # Per O, M and R row: kind, rank, and `bound`: the row sees drafted O rows of rank < bound.
     kind, rank, bound, has_draft = [], [], [], []
     groups = [(ROW_O, list(range(o_rows)), list(range(o_rows)), [r < kappa for r in range(o_rows)]),
               (ROW_M, list(range(m)), list(range(m)), [False] * m)]
@@ -111,13 +111,14 @@ def _shape(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, r
         rank += ranks
         bound += bounds
         has_draft += drafts
-    n_rows = (torch.full((p,), ROW_N), torch.arange(p), torch.full((p,), -1), torch.zeros(p, dtype=torch.bool))
-    kind_t, rank_t, bound_t, drafted_t = (torch.cat([n, torch.tensor(x, dtype=n.dtype)])
-                                          for n, x in zip(n_rows, (kind, rank, bound, has_draft), strict=True))
-    is_n = kind_t == ROW_N
-    sees_n = is_n[None, :] & (~is_n[:, None] | (rank_t[None, :] <= rank_t[:, None]))
-    sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])
-    new = sees_n | sees_o | torch.eye(p + len(kind), dtype=torch.bool)
+    rank_t, bound_t = torch.tensor(rank, dtype=torch.long), torch.tensor(bound, dtype=torch.long)
+    drafted_t = torch.tensor(has_draft, dtype=torch.bool)
+    q = p + len(kind)
+    new = torch.zeros(q, q, dtype=torch.bool, device=device)
+    new[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()  # N: causal among themselves
+    new[p:, :p] = True  # every O, M and R row sees all of N
+    sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])  # the drafted O rows of earlier ranks
+    new[p:, p:] = (sees_o | torch.eye(len(kind), dtype=torch.bool)).to(device)  # and itself
     first_logit = p + o_rows  # M and R rows follow N and O
     kept, row, slices = list(range(first_logit, first_logit + verify_ranks)), first_logit + m, []
     for _, laid, read in regions:
@@ -125,5 +126,5 @@ def _shape(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, r
         slices.append(slice(len(kept) - (u - read), len(kept)))
         row += u - laid
     n_masks = len(kind) - kappa
-    return (new.to(device), rank_t[p:].to(device), torch.tensor(kept, dtype=torch.long, device=device),
+    return (new, rank_t.to(device), torch.tensor(kept, dtype=torch.long, device=device),
             tuple(slices), n_masks)
