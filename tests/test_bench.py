@@ -286,29 +286,18 @@ def test_rows_per_iteration_is_what_a_real_decode_lays_out(mode, options, static
     """The probe's rows per steady-state iteration are what a real decode on a tiny random model reports in
     `decoding_stats.rows_per_call` (lean shapes through `generate`, static ones through the runner): exactly, after
     an iteration that accepted one token (its first draft token rejected), and the largest iteration otherwise."""
-    from conftest import MASK, SETDLM_MASK, tiny_model, tiny_setdlm
-
-    from hf_packed_ss.acceptance import Greedy
-    from hf_packed_ss.any_order_runner import run_any_order
-    from hf_packed_ss.generation import model_forward
-    from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
-    from hf_packed_ss.runner import run
-    from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES
+    from conftest import tiny_model, tiny_setdlm
+    from engine import decode, schedule_for
 
     width, length = (8, 40) if any_order else (7, 40)
     model = tiny_setdlm(0) if any_order else tiny_model(0)
     prompt = torch.randint(0, 39, (5,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        if not static:
+    if not static:
+        with torch.no_grad():
             stats = model.generate(prompt[None], max_new_tokens=length, assistant_mode=mode, speculative_width=width,
                                    return_dict_in_generate=True, **options).decoding_stats
-        elif any_order:
-            schedule = WINDOW_SCHEDULES[mode](width, Greedy(), "ltr", **options)
-            stats = run_any_order(model_forward(model), schedule, SetDLMLayout(SETDLM_MASK, static_shapes=True),
-                                  prompt, length)[1]
-        else:
-            schedule = SCHEDULES[mode](width, **options)
-            stats = run(model_forward(model), schedule, NemotronLayout(MASK, static_shapes=True), prompt, length)[1]
+    else:
+        stats = decode(model, schedule_for(model, mode, width, **options), prompt, length, static=True)[1]
     predicted = rows_per_iteration(mode, width, any_order, static_shapes=static, **options)
     steady = _steady_iterations(stats, len(predicted), width, any_order, length)
     assert len(steady) >= 3, stats.accepted_per_iteration
