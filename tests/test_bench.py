@@ -392,3 +392,25 @@ def test_overhead_command_reports_every_schedule_and_context(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ar") or
             line.startswith("| packed_ss")]
     assert len(rows) == 2 and all(len(r.split("|")) == 6 for r in rows)  # schedule, 2 contexts, ratio
+
+
+def test_overhead_against_another_checkout_puts_both_engines_side_by_side(capsys, tmp_path):
+    """`--against DIR` runs DIR's engine in processes of its own (here: this checkout, so both columns come from
+    the same code), interleaved with this one's, and reports one row per schedule and context with the ratio."""
+    from pathlib import Path
+
+    import hf_packed_ss
+
+    root = Path(hf_packed_ss.__file__).resolve().parents[1]
+    assert cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "8", "16", "--repeats", "1",
+                     "--max-new-tokens", "2", "--schedules", "ar", "--against", str(root)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ar | ")]
+    assert [r[2].strip() for r in rows[:2]] == ["8", "16"] and all(float(r[5]) > 0 for r in rows[:2])
+    assert f"{root}:" in out and "This engine:" in out
+    bad = tmp_path / "hf_packed_ss"
+    bad.mkdir()
+    (bad / "__init__.py").write_text("raise ImportError('broken checkout')\n")
+    with pytest.raises(SystemExit, match="failed"):
+        cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "8", "--repeats", "1",
+                  "--max-new-tokens", "2", "--schedules", "ar", "--against", str(tmp_path)])
