@@ -187,7 +187,8 @@ def decode(
             trace(Step(plan, call, logits, result, verdict))
         # 4. commit the cache: N and the accepted draft rows (cacheable rows come first: one crop)
         h = verdict.h
-        cache.crop(call.rows_to_cache(h) - call.rows)
+        if call.rows_to_cache(h) < call.rows:  # the rows that stay are first: one crop drops the rest
+            cache.crop(call.rows_to_cache(h) - call.rows)
         state.commit(call.cache_rows_before_draft, verdict.positions[:h], verdict.positions[h:])
         if not verdict.verified:
             continue

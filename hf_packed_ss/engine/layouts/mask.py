@@ -35,8 +35,10 @@ class MaskBuffer:
         elif self.written is not None:  # restore the block the last call wrote
             rows, first, columns = self.written
             buffer[:rows, first : first + columns] = True
-        buffer[:q, cache_len:width] = new
-        self.written = (q, cache_len, q)
+            self.written = None
+        if q > 1:  # one row always sees itself: its mask is all True, as the buffer already is
+            buffer[:q, cache_len:width] = new
+            self.written = (q, cache_len, q)
         return buffer[:q, :width]
 
 

@@ -73,8 +73,9 @@ class ShiftedBlockLayout(LayoutBase):
             if anchored:
                 pieces.append(plan.draft[branch - 1 : branch] if branch else state.last_token())
             pieces.append(self.mask_ids(length, device))
+        ids = torch.cat(pieces) if len(pieces) > 3 or k or slots else tail  # AR, a prefill: the tail alone
         return PackedCall(
-            input_ids=torch.cat(pieces)[None],
+            input_ids=ids[None],
             position_ids=(positions + first)[None],
             attention_mask=self.masks.mask(new_mask, state.cache_len)[None, None],
             logit_rows=kept,
