@@ -81,17 +81,17 @@ class Greedy:
 
         Returns d^(1..h) followed by v^(h+1) (correction or bonus), on the host, and h. Without a bonus row
         (``k`` rows: an any-order window whose every position has a draft) a full match returns d alone."""
-        tokens, h = self.decide(draft, q, logits)
-        return torch.tensor(tokens, dtype=torch.long), h
+        values, _, h = self.decide(draft, q, logits)
+        return values, h
 
-    def decide(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[list[int], int]:
-        """`verify` with the tokens as a host list: one host sync for h and the tokens together."""
+    def decide(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, list[int], int]:
+        """`verify` with the tokens both on the device and as a host list: one host sync for h and the tokens."""
         verified = logits.argmax(dim=-1)
         k = draft.numel()
         if not k:
-            return verified[:1].tolist(), 0
+            return verified[:1], verified[:1].tolist(), 0
         h, *tokens = torch.cat([(draft == verified[:k]).cumprod(dim=0).sum()[None], verified]).tolist()
-        return tokens[: h + 1], h
+        return verified[: h + 1], tokens[: h + 1], h
 
 
 class RejectionSampler:
@@ -124,9 +124,9 @@ class RejectionSampler:
         return torch.cat([draft[:h], token]), h
 
     def decide(self, draft: torch.Tensor, q: ProposalDistribution | None, logits: torch.Tensor):
-        """`verify` with the tokens as a host list."""
-        tokens, h = self.verify(draft, q, logits)
-        return tokens.tolist(), h
+        """`verify` with the tokens both on the device and as a host list."""
+        values, h = self.verify(draft, q, logits)
+        return values, values.tolist(), h
 
 
 Acceptance = Greedy | RejectionSampler

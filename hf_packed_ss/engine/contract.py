@@ -113,6 +113,7 @@ class Verdict:
     h: int = 0
     bonus: bool = False
     kind: str = "verifier"
+    values: torch.Tensor | None = None  # the tokens on the model's device, when the acceptance has them there
 
     @classmethod
     def drafting(cls) -> Verdict:

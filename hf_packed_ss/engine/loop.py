@@ -194,7 +194,7 @@ def decode(
             continue
         # 5. stop exactly at EOS / length / stopping criteria (Algorithm 1, lines 7-8)
         floor, before = state.left, state.end
-        new = state.accept(verdict.positions, verdict.tokens)
+        new = state.accept(verdict.positions, verdict.tokens, verdict.values)
         if streamer is not None:
             kinds.update(zip(verdict.positions, verdict.kinds, strict=True))
         if eos:

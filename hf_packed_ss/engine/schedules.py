@@ -9,7 +9,8 @@ hands them a contiguous left-to-right window, the same-position layout (D.2) any
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -40,10 +41,10 @@ class Draft:
     positions: tuple[int, ...] | range = ()
     tokens: torch.Tensor = EMPTY
     q: ProposalDistribution | None = None
-    index: dict[int, int] = field(default_factory=dict)  # position -> row of `tokens` and `q`
+    index: dict[int, int] | None = None  # position -> row of `tokens` and `q` (None for a range)
 
     def __post_init__(self):
-        if not self.index and not isinstance(self.positions, range):
+        if self.index is None and type(self.positions) is not range:
             self.index = {j: i for i, j in enumerate(self.positions)}
 
     def numel(self) -> int:
@@ -133,10 +134,10 @@ class Schedule:
         stored Q; A_t = min(h + 1, u) tokens are accepted, the last one the verifier's unless the window is full."""
         kappa = plan.available
         q = None if self.draft.q is None or not kappa else self.draft.q[self.draft.rows(plan.order[:kappa])]
-        tokens, h = self.acceptance.decide(plan.draft, q, result.verifier)
+        values, tokens, h = self.acceptance.decide(plan.draft, q, result.verifier)
         bonus = h == kappa < len(tokens)
         kind = "verifier" if not kappa else "bonus" if bonus else "correction"
-        return Verdict(tokens, plan.positions(range(len(tokens))), h, bonus, kind)
+        return Verdict(tokens, plan.positions(range(len(tokens))), h, bonus, kind, values)
 
     def draft_from(self, plan: Plan, result: CallResult, proposal: int, resolved: int, scored: bool = True) -> None:
         """Algorithm 1, line 10 (Algorithm 3, line 15): the rows of `proposal` that score ranks past the
@@ -199,8 +200,7 @@ class PackedSSSchedule(Schedule):
         order = self.order(window, self.score)  # pi_t (left to right on the shifted-block layout)
         draft = self.draft.at(order)  # D_{t-1}, line 4
         anchored = self.anchored and self.started  # appendix E.2: the first call drafts a whole block, unanchored
-        branches = self.branches(draft.numel(), len(order))
-        return Plan(order, draft, proposals=tuple(Proposal(b, anchored) for b in branches))
+        return Plan(order, draft, proposals=_proposals(self.branches(draft.numel(), len(order)), anchored))
 
     def advance(self, plan: Plan, result: CallResult) -> Verdict:
         verdict = self.verify(plan, result)  # lines 5-6: h_t, C_t = d^(1..h_t) + v^(h_t + 1)
@@ -208,6 +208,11 @@ class PackedSSSchedule(Schedule):
         selected = max(i for i, p in enumerate(plan.proposals) if p.branch <= verdict.h)
         self.draft_from(plan, result, selected, len(verdict.tokens))  # line 10: D_t, past the A_t accepted
         return verdict
+
+
+@lru_cache(maxsize=256)
+def _proposals(branches: range, anchored: bool) -> tuple[Proposal, ...]:
+    return tuple(Proposal(b, anchored) for b in branches)
 
 
 class QuadraticSSSchedule(PackedSSSchedule):

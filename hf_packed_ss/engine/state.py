@@ -88,11 +88,13 @@ class DecoderState:
         return self.absolute(self.pending)
 
     # --- writing -------------------------------------------------------------------------------------
-    def write(self, positions: Sequence[int], tokens: list[int]) -> None:
-        """Put `tokens` at output `positions` of the buffer (accepted tokens, or draft tokens in scratch)."""
+    def write(self, positions: Sequence[int], tokens: list[int], values: torch.Tensor | None = None) -> None:
+        """Put `tokens` (`values`, when they are on the device already) at output `positions` of the buffer
+        (accepted tokens, or draft tokens in scratch)."""
         if not tokens:
             return
-        values = torch.tensor(tokens, dtype=self.buffer.dtype).to(self.buffer.device, non_blocking=True)
+        if values is None:
+            values = torch.tensor(tokens, dtype=self.buffer.dtype, device=self.buffer.device)
         run = _slice(positions)
         if run is not None:
             self.buffer[self.origin + run.start : self.origin + run.stop] = values
@@ -108,15 +110,17 @@ class DecoderState:
         self.pending = _join(self.pending[consumed:], rest)
         self.cache_len += consumed + len(drafts)
 
-    def accept(self, positions: Sequence[int], tokens: list[int]) -> Sequence[int]:
-        """Accept tokens at positions (none past E); returns the positions accepted."""
+    def accept(self, positions: Sequence[int], tokens: list[int], values: torch.Tensor | None = None
+               ) -> Sequence[int]:
+        """Accept tokens at positions (none past E; `values`: the same tokens on the device, if at hand);
+        returns the positions accepted."""
         if type(positions) is range:
             n = max(0, min(len(positions), self.end + 1 - positions.start))
-            positions, tokens = positions[:n], tokens[:n]
+            positions, tokens, values = positions[:n], tokens[:n], None if values is None else values[:n]
         elif positions and max(positions) > self.end:
             keep = [i for i, j in enumerate(positions) if j <= self.end]
-            positions, tokens = [positions[i] for i in keep], [tokens[i] for i in keep]
-        self.write(positions, tokens)
+            positions, tokens, values = [positions[i] for i in keep], [tokens[i] for i in keep], None
+        self.write(positions, tokens, values)
         if positions and positions[0] == self.left and _slice(positions) is not None:
             self.left += len(positions)  # left to right: the fast path
         else:
