@@ -47,10 +47,12 @@ def non_model_ms_per_call(model, ids: torch.Tensor, mode: str, max_new_tokens: i
 
 def measure(model, tokenizer, contexts: list[int], schedules: list[str], max_new_tokens: int, repeats: int,
             **options) -> dict:
-    """{schedule: {context: [non-model ms per call, one per repeat]}} after one untimed warm-up each."""
+    """{schedule: {context: [non-model ms per call, one per repeat]}} after one untimed warm-up per cell (so
+    that no cell pays the process's first allocations at its size, which a long-running server never sees)."""
     prompts = {n: context_ids(tokenizer, n) for n in contexts}
     for mode in schedules:
-        non_model_ms_per_call(model, prompts[contexts[0]], mode, 8, **options)
+        for n in contexts:
+            non_model_ms_per_call(model, prompts[n], mode, 8, **options)
     times = {mode: {n: [] for n in contexts} for mode in schedules}
     cells = [(mode, n) for mode in schedules for n in contexts]
     for r in range(repeats):
