@@ -114,8 +114,7 @@ def _shape(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, r
     rank_t, bound_t = torch.tensor(rank, dtype=torch.long), torch.tensor(bound, dtype=torch.long)
     drafted_t = torch.tensor(has_draft, dtype=torch.bool)
     q = p + len(kind)
-    new = torch.zeros(q, q, dtype=torch.bool, device=device)
-    new[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()  # N: causal among themselves
+    new = torch.ones(q, q, dtype=torch.bool, device=device).tril_()  # N: causal among themselves
     new[p:, :p] = True  # every O, M and R row sees all of N
     sees_o = drafted_t[None, :] & (rank_t[None, :] < bound_t[:, None])  # the drafted O rows of earlier ranks
     new[p:, p:] = (sees_o | torch.eye(len(kind), dtype=torch.bool)).to(device)  # and itself

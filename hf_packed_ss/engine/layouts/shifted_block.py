@@ -101,13 +101,13 @@ def _template(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: 
 def _shape(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: int, device: torch.device):
     nv = t + slots if verify else 0  # verifier rows: causal, relative position = row index
     q = nv + sum(length + anchored for _, anchored, length in proposals)
-    mask = torch.zeros(q, q, dtype=torch.bool, device=device)
-    mask[:nv, :nv] = torch.ones(nv, nv, dtype=torch.bool, device=device).tril_()
+    mask = torch.ones(q, q, dtype=torch.bool, device=device).tril_()  # the verifier rows: causal
     pos, kept, rows = [torch.arange(nv)], [torch.arange(t - 1, t + k)] if verify else [], []
     n, n_kept = nv, k + 1 if verify else 0
     for branch, anchored, length in proposals:
         start = last + branch  # relative position of the context's last token
         size, sees = length + anchored, start if anchored else start + 1  # an anchor sees only its earlier context
+        mask[n : n + size] = False
         mask[n : n + size, : min(sees, nv)] = True  # the verifier rows before its context's end
         mask[n : n + size, n : n + size] = True  # bidirectional inside the block
         pos.append(torch.arange(size) + (start if anchored else start + 1))
