@@ -70,11 +70,18 @@ class ProposalDistribution:
         )
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row. `max(dim).indices` has argmax's rule (the first maximum; NaN counts as the
+    maximum) and on the CPU runs about 3x faster than `argmax`, which is most of a greedy call's own time on
+    a large vocabulary."""
+    return logits.max(dim=-1).indices
+
+
 class Greedy:
     """Temperature-0 acceptance: the stored proposal collapses to its draft token (section 3.2)."""
 
     def propose(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return logits.argmax(dim=-1), None
+        return greedy_tokens(logits), None
 
     def verify(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Algorithm 1, lines 5-6. `logits` ``(k + 1, V)``: row i scores draft position i + 1.
@@ -86,11 +93,13 @@ class Greedy:
 
     def decide(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, list[int], int]:
         """`verify` with the tokens both on the device and as a host list: one host sync for h and the tokens."""
-        verified = logits.argmax(dim=-1)
+        verified = greedy_tokens(logits)
         k = draft.numel()
         if not k:
             return verified[:1], verified[:1].tolist(), 0
-        h, *tokens = torch.cat([(draft == verified[:k]).cumprod(dim=0).sum()[None], verified]).tolist()
+        both = torch.cat([draft, verified]).tolist()  # the one sync; h is a prefix match of k <= W ints
+        guess, tokens = both[:k], both[k:]
+        h = next((i for i in range(k) if guess[i] != tokens[i]), k)
         return verified[: h + 1], tokens[: h + 1], h
 
 
