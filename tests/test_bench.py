@@ -414,3 +414,23 @@ def test_overhead_against_another_checkout_puts_both_engines_side_by_side(capsys
     with pytest.raises(SystemExit, match="failed"):
         cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "8", "--repeats", "1",
                   "--max-new-tokens", "2", "--schedules", "ar", "--against", str(tmp_path)])
+
+
+def test_overhead_evict_writes_after_every_forward_inside_the_model_call(capsys):
+    """`--evict-mb` is a control: each forward ends by writing the buffer (so it is model time, not decoder
+    time), and the command says so in its heading."""
+    from hf_packed_ss import bundled
+    from hf_packed_ss.tools.bench.overhead import evict_after_forward
+
+    model, tokenizer = bundled.load("tiny-nemotron-random")
+    evict_after_forward(model, 1)
+    (hook,) = model._forward_hooks.values()
+    sweep = hook.__closure__[0].cell_contents
+    assert sweep.numel() * sweep.element_size() == 2**20 and int(sweep[0]) == 0
+    with torch.inference_mode():
+        out = model.generate(tokenizer("a b", return_tensors="pt").input_ids, assistant_mode="packed_ss",
+                             max_new_tokens=3, return_dict_in_generate=True)
+    assert int(sweep[0]) == out.decoding_stats.nfe  # once per forward
+    assert cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "8", "16", "--repeats", "1",
+                     "--max-new-tokens", "2", "--schedules", "ar", "--evict-mb", "1"]) == 0
+    assert "1 MiB written after every forward" in capsys.readouterr().out

@@ -11,6 +11,12 @@ repeat and the range of the repeats, and the ratio of the longest context to the
 ``--against DIR`` measures another source checkout's engine too (e.g. ``git worktree add ../old <commit>``):
 each repeat runs both engines, in rotating order, each in a fresh process of its own with one repeat, and the
 table puts them side by side with the ratio of this engine's time to the other's.
+
+``--evict-mb N`` is the control for the one thing that still grows on a small model: the CPU caches. A forward
+over a longer context touches more memory (its KV cache), so the decoder's own code runs after it with colder
+caches and takes a few microseconds more, although it does the same work. With the flag every forward ends
+(inside the timed model call) by writing N MiB, so every call's decoder work starts equally cold: what still
+grows then is work the decoder does.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ def one_repeat(tree: Path, args, contexts: list[int]) -> dict:
         command = [sys.executable, "-m", "hf_packed_ss.bench.overhead", "--model", args.model, "--repeats", "1",
                    "--contexts", *map(str, contexts), "--schedules", *args.schedules, "--threads", str(args.threads),
                    "--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
+        if args.evict_mb:
+            command += ["--evict-mb", str(args.evict_mb)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tree)
         if done.returncode:
@@ -110,6 +118,17 @@ def against(args, contexts: list[int], other: Path) -> str:
     return "\n".join(lines) + "\n\nThis engine:\n\n" + growth["ours"] + f"\n\n{other}:\n\n" + growth["other"]
 
 
+def evict_after_forward(model, mib: int) -> None:
+    """Make every forward of `model` end by writing `mib` MiB (counted as model time: the hook runs inside the
+    model's call), so the decoder code after it starts with caches as cold at every context length."""
+    sweep = torch.zeros(mib * 2**18)
+
+    def write(module, args, output) -> None:  # returns None: the forward's output stays as it is
+        sweep.add_(1)
+
+    model.register_forward_hook(write)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..cli import load_model
 
@@ -122,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help="also run a logits processor that reads the whole sequence (e.g. 1.1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    parser.add_argument("--evict-mb", type=int, default=0,
+                        help="end every forward by writing this many MiB, so each call's decoder work starts with "
+                             "equally cold CPU caches at every context (e.g. 16; 0 = off)")
     parser.add_argument("--json", default=None, help="also write every repeat to this file")
     parser.add_argument("--against", type=Path, default=None,
                         help="also measure the engine of this source checkout, side by side (each repeat in a fresh "
@@ -136,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, torch.float32)
+    if args.evict_mb:
+        evict_after_forward(model, args.evict_mb)
     options = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
     with torch.inference_mode():
         times = measure(model, tokenizer, contexts, args.schedules, args.max_new_tokens, args.repeats, **options)
+    evict = f", {args.evict_mb} MiB written after every forward" if args.evict_mb else ""
     print(f"Non-model decoder time per call, {args.model}, {args.max_new_tokens} new tokens, median of "
-          f"{args.repeats} repeats{', ' + str(options) if options else ''}:\n")
+          f"{args.repeats} repeats{', ' + str(options) if options else ''}{evict}:\n")
     print(table(times, contexts))
     if args.json:
         with open(args.json, "w") as f:
