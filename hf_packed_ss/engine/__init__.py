@@ -2,9 +2,10 @@
 orders, schedules and layouts. It imports no model class and no tool."""
 
 from .acceptance import Acceptance, Greedy, ProposalDistribution, RejectionSampler
+from .batch import BatchCache, RowCache, decode_batch
 from .contract import CallResult, PackedCall, Plan, Proposal, Verdict
 from .layouts import SamePositionLayout, ShiftedBlockLayout
-from .loop import Forward, Step, decode
+from .loop import Forward, Step, decode, decoding
 from .schedules import SCHEDULES, WINDOW_SCHEDULES, Schedule
 from .state import DecoderState
 from .stats import DecodingStats
@@ -13,6 +14,7 @@ __all__ = [
     "SCHEDULES",
     "WINDOW_SCHEDULES",
     "Acceptance",
+    "BatchCache",
     "CallResult",
     "DecoderState",
     "DecodingStats",
@@ -23,10 +25,13 @@ __all__ = [
     "Proposal",
     "ProposalDistribution",
     "RejectionSampler",
+    "RowCache",
     "SamePositionLayout",
     "Schedule",
     "ShiftedBlockLayout",
     "Step",
     "Verdict",
     "decode",
+    "decode_batch",
+    "decoding",
 ]

@@ -6,12 +6,16 @@ rows N plus the accepted draft rows: one crop) and applies the stopping rule: an
 criterion met by a run of accepted tokens ending at j, or the length limit sets E = min(E, j) (Algorithm 1,
 lines 7-8; Algorithm 3, lines 11-13; appendix E.2). Positions after E are dropped and unresolved ones before
 it are still filled. The output is the prompt followed by positions 0..E. It counts NFE, rows and time.
+
+The loop is a coroutine (`decoding`): it yields each call and is sent that call's logits, so the same code
+decodes one sequence (`decode`, which calls the model itself) and every row of a batch (`batch.decode_batch`,
+one batched forward per round over the rows' calls).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +27,8 @@ from .stats import DecodingStats
 
 # forward(call, cache) -> (r, V) logits of the call's kept rows (`call.logit_rows`)
 Forward = Callable[[PackedCall, DynamicCache], torch.Tensor]
+# `decoding(...)`: yields calls, is sent their logits, returns (prompt + output, stats)
+Steps = Generator[PackedCall, torch.Tensor, tuple[torch.Tensor, DecodingStats]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,13 @@ def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: D
     stats.nfe += 1
     stats.rows_per_call.append(call.rows)
     return logits
+
+
+def ask(call: PackedCall, stats: DecodingStats):
+    """One counted call (NFE, rows) of a `decoding` coroutine: yields it, returns the logits sent back."""
+    stats.nfe += 1
+    stats.rows_per_call.append(call.rows)
+    return (yield call)
 
 
 def stream(streamer, tokens: torch.Tensor, kinds: list[str]) -> None:
@@ -93,22 +106,25 @@ def process(processors, result: CallResult, plan: Plan, state: DecoderState) -> 
 
 
 def crop_left(cache: DynamicCache, rows: int) -> None:
-    """Drop the `rows` oldest rows of every layer of a DynamicCache (the release's `_crop_kv_cache_left`)."""
+    """Drop the `rows` oldest rows of every layer of a DynamicCache (the release's `_crop_kv_cache_left`); a
+    batch row's cache drops them itself."""
+    if hasattr(cache, "crop_left"):
+        cache.crop_left(rows)
+        return
     for layer in cache.layers:
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys = layer.keys[..., rows:, :]
             layer.values = layer.values[..., rows:, :]
 
 
-def fit_context(forward, schedule, layout, plan: Plan, call: PackedCall, state: DecoderState, cache,
-                stats: DecodingStats) -> PackedCall:
+def fit_context(schedule, layout, plan: Plan, call: PackedCall, state: DecoderState, cache, stats: DecodingStats):
     """Keep cache + call rows within `schedule.context_length` (SetDLM's sliding context): a first call that
     would not fit processes the prompt in a call of its own, then the oldest cache rows are dropped."""
     limit = schedule.context_length
     if limit is None or state.cache_len + call.rows <= limit:
         return call
     if not state.cache_len:  # the prompt first, in a call of its own
-        call_model(forward, layout.build(Plan(order=()), state), cache, stats)
+        yield from ask(layout.build(Plan(order=()), state), stats)
         state.commit(len(state.pending), (), ())
         call = layout.build(plan, state)
     overflow = state.cache_len + call.rows - limit
@@ -139,8 +155,7 @@ def stop_end(state: DecoderState, new, floor: int, stop) -> int:
     return state.end
 
 
-def decode(
-    forward: Forward,
+def decoding(
     schedule,
     layout,
     prompt: torch.Tensor,
@@ -149,37 +164,33 @@ def decode(
     processors=None,
     stop: Callable[[torch.Tensor], bool] | None = None,
     streamer=None,
-    cache: DynamicCache | None = None,
+    cache=None,
     trace: Callable[[Step], None] | None = None,
-) -> tuple[torch.Tensor, DecodingStats]:
-    """Decode one sequence. `prompt` is a 1D LongTensor; returns (prompt + output as a 1D tensor, stats).
-
-    `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the schedule's
-    acceptance policy. `stop(sequence)` is asked after every accepted token. `streamer` gets the prompt, then
-    each newly contiguous run of output. `trace(step)` sees every call (tests, the candidate generator)."""
+    stats: DecodingStats | None = None,
+) -> Steps:
+    """The loop for one sequence, as a coroutine: yields each `PackedCall`, is sent its logits (the kept rows,
+    ``(r, V)``), returns (prompt + output as a 1D tensor, stats). `cache` is what the forward fills (a
+    DynamicCache, or a batch row's view of the batch's cache); the loop only crops it. Timing is the driver's."""
     eos = frozenset(int(e) for e in eos_token_ids) if schedule.stop_at_eos else frozenset()
-    stats = DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0,
-                          speculative_branches=schedule.speculative_branches)
-    device, origin = prompt.device, prompt.numel()
+    if stats is None:
+        stats = new_stats(schedule)
+    origin = prompt.numel()
     limit = schedule.context_length
     if limit is not None and origin > limit:
         raise ValueError(f"The prompt ({origin} tokens) is longer than the context of {limit} rows the cache is "
                          "cropped to: shorten the prompt or use native_context='full'.")
-    cache = DynamicCache() if cache is None else cache
     state = DecoderState(prompt, max_new_tokens, 2 * (schedule.width + 1))
-    schedule.begin(layout, max_new_tokens, device)
+    schedule.begin(layout, max_new_tokens, prompt.device)
     kinds: dict[int, str] = {}  # how each accepted position was produced (for provenance streamers)
     streamed = 0
-    start = time.perf_counter()
-    _sync(device)
     if streamer is not None:
         streamer.put(prompt.cpu())
     while state.left <= state.end:
         # 1. ask: the schedule plans the call over the window, the layout lays it out
         plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
-        call = fit_context(forward, schedule, layout, plan, layout.build(plan, state), state, cache, stats)
+        call = yield from fit_context(schedule, layout, plan, layout.build(plan, state), state, cache, stats)
         # 2. one model call
-        logits = call_model(forward, call, cache, stats)
+        logits = yield from ask(call, stats)
         # 3. verify and draft
         result = process(processors, call.read(logits), plan, state)
         verdict = schedule.advance(plan, result)
@@ -210,12 +221,55 @@ def decode(
             run = state.prefix()[origin + streamed :].clone()
             stream(streamer, run, [kinds[j] for j in range(streamed, state.left)])
             streamed = state.left
-    _sync(device)
     stats.new_tokens = state.left
-    stats.decoder_time_s = time.perf_counter() - start
     if streamer is not None:
         streamer.end()
     return state.prefix().clone(), stats
+
+
+def new_stats(schedule) -> DecodingStats:
+    return DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0,
+                         speculative_branches=schedule.speculative_branches)
+
+
+def decode(
+    forward: Forward,
+    schedule,
+    layout,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    processors=None,
+    stop: Callable[[torch.Tensor], bool] | None = None,
+    streamer=None,
+    cache: DynamicCache | None = None,
+    trace: Callable[[Step], None] | None = None,
+) -> tuple[torch.Tensor, DecodingStats]:
+    """Decode one sequence. `prompt` is a 1D LongTensor; returns (prompt + output as a 1D tensor, stats).
+
+    `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the schedule's
+    acceptance policy. `stop(sequence)` is asked after every accepted token. `streamer` gets the prompt, then
+    each newly contiguous run of output. `trace(step)` sees every call (tests, the candidate generator)."""
+    cache = DynamicCache() if cache is None else cache
+    stats = new_stats(schedule)
+    device = prompt.device
+    start = time.perf_counter()
+    _sync(device)
+    steps = decoding(schedule, layout, prompt, max_new_tokens, eos_token_ids, processors, stop, streamer, cache,
+                     trace, stats)
+    try:
+        call = next(steps)
+        while True:
+            tic = time.perf_counter()
+            logits = forward(call, cache)
+            _sync(logits.device)
+            stats.model_time_s += time.perf_counter() - tic
+            call = steps.send(logits)
+    except StopIteration as done:
+        sequence, stats = done.value
+    _sync(device)
+    stats.decoder_time_s = time.perf_counter() - start
+    return sequence, stats
 
 
 def roll_back(state: DecoderState, dropped: int | None, cache: DynamicCache) -> None:

@@ -19,6 +19,9 @@ class DecodingStats:
         model_time_s: wall time inside model forward calls (device-synchronised).
         decoder_time_s: wall time of the whole decode, prefill included, loading and tokenisation excluded.
         speculative_branches: hybrid_ss's k (None for every other schedule).
+        per_row: for a batch, each row's own statistics (its calls, rows, acceptances and times; the batch's
+            fields are the totals: `nfe` batched calls, `rows_per_call` rows computed per call, padding
+            included, `new_tokens` over all rows). Empty for one sequence.
     """
 
     schedule: str
@@ -30,6 +33,7 @@ class DecodingStats:
     model_time_s: float = 0.0
     decoder_time_s: float = 0.0
     speculative_branches: int | None = None
+    per_row: list[DecodingStats] = field(default_factory=list)
 
     @property
     def tokens_per_nfe(self) -> float:

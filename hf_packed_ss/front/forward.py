@@ -9,8 +9,9 @@ from ..modeling import cache_keyword
 from ..models.lora import proposal_rows
 
 
-def model_forward(model: torch.nn.Module) -> Forward:
-    """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner.
+def model_forward(model: torch.nn.Module, batched: bool = False) -> Forward:
+    """Adapt a model whose forward takes a 4D boolean mask and `logits_to_keep` to the Runner: the logits of
+    the one sequence, ``(r, V)``, or with `batched` of every row, ``(batch, r, V)``.
 
     A proposal-only adapter (see `models/lora.py`) is told which rows are proposal rows for each call."""
     cache_kw = cache_keyword(model)
@@ -25,6 +26,6 @@ def model_forward(model: torch.nn.Module) -> Forward:
                 logits_to_keep=call.logit_rows,
                 **{cache_kw: cache},
             )
-        return out.logits[0]
+        return out.logits if batched else out.logits[0]
 
     return forward

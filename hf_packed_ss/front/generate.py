@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
-from ..engine import DecodingStats, Greedy, RejectionSampler, decode
+from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
 from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
 from .families import family
@@ -105,7 +105,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     _reject(not isinstance(input_ids, torch.Tensor),
             f"input_ids must be a torch tensor of shape (batch, length); got {type(input_ids).__name__}.")
     _reject(bool(kwargs.pop("synced_gpus", None)),
-            "synced_gpus is not supported with assistant_mode (one process decodes one sequence).")
+            "synced_gpus is not supported with assistant_mode (one process decodes the whole batch).")
     max_new = kwargs.pop("max_new_tokens", None)  # popped: GenerationConfig rejects 0, which we allow
     _reject(max_new is not None and (isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 0),
             f"max_new_tokens={max_new!r} must be >= 0 (an integer number of tokens).")
@@ -116,7 +116,8 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
     width = validate(decoder, options, input_ids, config, model_kwargs, hooks)
-    model_kwargs.pop("attention_mask", None)  # validated as the unpadded prompt's; the layouts build their own masks
+    mask = model_kwargs.pop("attention_mask", None)  # validated: left padding only; the layouts build the masks
+    prompts = [ids if mask is None else ids[mask[b].bool()] for b, ids in enumerate(input_ids)]
 
     prompt_len = input_ids.shape[1]
     max_new = 0 if max_new == 0 else new_token_budget(model, decoder.config, config, input_ids, *defaults)
@@ -140,19 +141,40 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         extra["verify_order"] = options["verify_order"] or "ltr"
     if "config" in inspect.signature(schedule_class).parameters:
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
-    schedule = schedule_class(width, acceptance, **extra)
+    # one schedule and one layout per sequence: they hold its draft and its mask buffer
+    schedules = [schedule_class(width, acceptance, **extra) for _ in prompts]
+    layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
+               for _ in prompts]
     # only a dict output returns the candidate generator, so only then is it made and told every verification
-    wanted = config.return_dict_in_generate and not fam.any_order
-    candidates = PackedSSCandidateGenerator(schedule) if wanted else None
-    layout = fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
+    wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
+    candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
     with torch.inference_mode(), proposal_only_adapters(decoder):
-        sequence, stats = decode(model_forward(decoder), schedule, layout, input_ids[0], max(0, max_new), eos,
-                                 processors, stop, hooks.get("streamer"),
-                                 trace=None if candidates is None else candidates.observe)
-    sequences = sequence[None]
+        if len(prompts) == 1:
+            sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
+                                     eos, processors, stop, hooks.get("streamer"),
+                                     trace=None if candidates is None else candidates.observe)
+            outputs = [sequence]
+        else:
+            pad = config.pad_token_id if config.pad_token_id is not None else eos[0]
+            outputs, stats = decode_batch(model_forward(decoder, batched=True), schedules, layouts, prompts,
+                                          max(0, max_new), eos, processors, stop, pad_token_id=pad)
+    sequences = padded(input_ids, prompts, outputs, config.pad_token_id if config.pad_token_id is not None
+                       else (eos or [0])[0])
     if config.return_dict_in_generate:
         return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)
     return sequences
+
+
+def padded(input_ids: torch.Tensor, prompts: list[torch.Tensor], outputs: list[torch.Tensor], pad: int
+           ) -> torch.Tensor:
+    """The batch as stock `generate` returns it: each row's input as given (left padding included), then its
+    new tokens, then `pad` up to the longest row's."""
+    new = [out[prompt.numel():] for prompt, out in zip(prompts, outputs, strict=True)]
+    width = max(n.numel() for n in new)
+    tail = torch.full((len(new), width), pad, dtype=input_ids.dtype, device=input_ids.device)
+    for b, n in enumerate(new):
+        tail[b, : n.numel()] = n
+    return torch.cat([input_ids, tail], dim=1)
 
 
 class SpeculativeGenerationMixin:

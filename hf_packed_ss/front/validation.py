@@ -88,17 +88,12 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
             f"static_shapes={options['static_shapes']!r} must be True (one call shape per schedule and width, for "
             "compiled graphs: appendix D.3) or False (the default: only the rows that can matter).")
     _reject(input_ids.dim() != 2, f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
-    _reject(
-        input_ids.shape[0] != 1,
-        f"assistant_mode={mode!r} decodes one sequence at a time; got batch size {input_ids.shape[0]}. "
-        "Call generate once per prompt.",
-    )
     _reject(input_ids.shape[1] == 0, "The prompt is empty: pass at least one token (e.g. the BOS token).")
     check_token_ids(input_ids, model.config.get_text_config().vocab_size)
     _reject(
         config.num_beams != 1 or (config.num_return_sequences or 1) != 1,
-        "assistant_mode decodes one sequence per call: num_beams and num_return_sequences must be 1 "
-        "(call generate again for more samples).",
+        "assistant_mode decodes one sequence per prompt: num_beams and num_return_sequences must be 1 (for "
+        "several samples of a prompt, repeat it in the batch: input_ids.repeat(n, 1), with do_sample=True).",
     )
     check_generation_mode(config)
     _reject(
@@ -110,9 +105,17 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         mask is not None and mask.dim() != 2,
         "generate takes a 2D attention_mask (batch, length); the packed 4D masks are built by hf_packed_ss itself.",
     )
+    if mask is not None and mask.dim() == 2:
+        check_padding(mask, input_ids)
     _reject(
-        mask is not None and not bool(mask.all()),
-        "attention_mask with padding is not supported with assistant_mode: pass the unpadded prompt.",
+        input_ids.shape[0] > 1 and hooks.get("streamer") is not None,
+        "Streamers take one sequence: streaming with assistant_mode needs batch size 1 (as transformers' "
+        "TextStreamer), so decode that prompt alone to stream it.",
+    )
+    _reject(
+        input_ids.shape[0] > 1 and config.pad_token_id is None and config.eos_token_id is None,
+        "A batch needs pad_token_id (the rows that end early are padded with it): pass generate(..., "
+        "pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id).",
     )
     _reject(
         hooks.get("assistant_model") is not None,
@@ -131,6 +134,24 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     unused = sorted(k for k, v in model_kwargs.items() if v is not None and k not in ("use_cache", "attention_mask"))
     _reject(bool(unused), f"generate arguments not used by assistant_mode: {unused}.")
     return width
+
+
+def check_padding(mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """A 2D 0/1 mask of the prompt's shape, padded on the left only (stock generate warns about right
+    padding and then decodes it wrongly), with at least one token per row."""
+    _reject(tuple(mask.shape) != tuple(input_ids.shape),
+            f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}: pass the mask "
+            "the tokenizer returned with these ids.")
+    _reject(bool(((mask != 0) & (mask != 1)).any()), "attention_mask must hold 0 (padding) and 1 (token) only.")
+    _reject(bool((mask.sum(dim=-1) == 0).any()),
+            "A row of attention_mask is all padding: every prompt needs at least one token.")
+    right = (mask[:, 1:].long() < mask[:, :-1].long()).any(dim=-1)  # a 1 followed by a 0
+    if bool(right.any()):
+        row = int(right.nonzero()[0])
+        raise ValueError(
+            f"Row {row} of the batch is right-padded (attention_mask has padding after tokens). Decoder-only "
+            "models continue from the last token: pad on the left, e.g. tokenizer.padding_side = 'left' before "
+            "tokenizer(prompts, padding=True).")
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:

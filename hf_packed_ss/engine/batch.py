@@ -1,0 +1,221 @@
+"""Many sequences, one model call per round: every row runs the one loop (`loop.decoding`) unchanged, and each
+round packs the rows' calls into one batched call over one KV cache.
+
+Why a row stays exactly its batch-1 self: its call is laid out as at batch size 1, and its columns keep their
+order in the batched call: the rows before its proposal start (the cacheable ones first) from column 0, its
+proposal rows from one column shared by every row (so the proposal-only adapter has one start and one crop
+removes proposals for all rows). The columns a row does not fill are padding rows that see only themselves.
+Every row sees only its own cache slots: a per-row validity mask over the cache is folded into the boolean 4D
+mask, so a masked slot contributes exactly nothing. The slots a row's verdict rejects become holes of that
+row; columns no row keeps are cropped at once, and when the cache is more than `slack` columns longer than
+the longest row's own cache it is compacted (each row's slots gathered, left-padded). A finished row leaves
+the batch: no compute is spent on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .contract import PackedCall
+from .loop import _sync, decoding, new_stats
+from .stats import DecodingStats
+
+# forward(call, cache) -> (batch, r, V) logits of the call's kept rows, for a call with a batch dimension
+BatchForward = Callable[[PackedCall, DynamicCache], torch.Tensor]
+
+
+class RowCache:
+    """One row's view of the batch's cache: the physical columns that hold its cache, in order. The loop crops
+    it as it would crop a DynamicCache; the batch applies the crops to the validity mask after the round."""
+
+    def __init__(self):
+        self.slots: list[int] = []
+        self.dropped: list[int] = []  # columns cropped since the last round
+
+    def get_seq_length(self) -> int:
+        return len(self.slots)
+
+    def crop(self, rows: int) -> None:
+        """transformers' `crop`: a negative count drops that many of the newest rows."""
+        if rows < 0:
+            self.dropped += self.slots[rows:]
+            del self.slots[rows:]
+
+    def crop_left(self, rows: int) -> None:
+        """Drop the `rows` oldest rows (a sliding context)."""
+        self.dropped += self.slots[:rows]
+        del self.slots[:rows]
+
+
+class BatchCache:
+    """The physical cache of a batch (a DynamicCache with a batch dimension) and which of its columns each
+    row may see."""
+
+    def __init__(self, rows: int, slack: int, device: torch.device):
+        self.cache = DynamicCache()
+        self.rows = [RowCache() for _ in range(rows)]
+        self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=device)
+        self.slack = slack
+        self.compactions = 0
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def commit(self, kept: list[int], added: int) -> None:
+        """After a call of `added` columns: row i keeps the first `kept[i]` of them (its cacheable rows); older
+        columns a row cropped (a roll-back, a sliding context) stop being valid; columns no row keeps go."""
+        device = self.valid.device
+        new = torch.arange(added, device=device)[None] < torch.tensor(kept, device=device)[:, None]
+        old = self.length
+        self.valid = torch.cat([self.valid, new], dim=1)
+        for i, row in enumerate(self.rows):
+            stale = [c for c in row.dropped if c < old]
+            if stale:
+                self.valid[i, stale] = False
+            row.dropped = []
+        unused = added - max(kept, default=0)
+        if unused:
+            self.cache.crop(-unused)
+            self.valid = self.valid[:, : self.length - unused]
+        if self.length - max((len(r.slots) for r in self.rows), default=0) > self.slack:
+            self.compact()
+
+    def leave(self, keep: list[int]) -> None:
+        """Only rows `keep` (indices into the current batch) stay."""
+        if len(keep) == len(self.rows):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.valid.device)
+        self.cache.batch_select_indices(index)
+        self.valid = self.valid[index]
+        self.rows = [self.rows[i] for i in keep]
+        longest = max((len(r.slots) for r in self.rows), default=0)
+        if self.length - longest > self.slack:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's slots into a cache as long as the longest row's, left-padded."""
+        size = max(len(r.slots) for r in self.rows)
+        device = self.valid.device
+        index = torch.tensor([[0] * (size - len(r.slots)) + r.slots for r in self.rows], dtype=torch.long,
+                             device=device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                continue
+            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
+            where = index[:, None, :, None].expand(-1, heads, -1, dim)
+            layer.keys, layer.values = layer.keys.gather(2, where), layer.values.gather(2, where)
+        self.valid = torch.arange(size, device=device)[None] >= torch.tensor(
+            [size - len(r.slots) for r in self.rows], device=device)[:, None]
+        for r in self.rows:
+            r.slots = list(range(size - len(r.slots), size))
+        self.compactions += 1
+
+
+def pack(calls: Sequence[PackedCall], valid: torch.Tensor, pad_token_id: int) -> tuple[PackedCall, list, list]:
+    """One batched call from the rows' calls. Returns it, each row's column map (its call row i sits at column
+    `columns[b][i]`) and, per row, the indices of its kept logit rows among the batched call's kept rows."""
+    device = valid.device
+    starts = [c.proposal_start for c in calls]
+    head = max(starts)  # the shared proposal start
+    q = head + max(c.rows - s for c, s in zip(calls, starts, strict=True))
+    n, cached = len(calls), valid.shape[1]
+    ids = torch.full((n, q), pad_token_id, dtype=torch.long, device=device)
+    positions = torch.zeros(n, q, dtype=torch.long, device=device)
+    new = torch.eye(q, dtype=torch.bool, device=device).repeat(n, 1, 1)  # a padding row sees itself only
+    columns, kept = [], []
+    for b, (call, s) in enumerate(zip(calls, starts, strict=True)):
+        rows, tail = call.rows, call.rows - s
+        template = call.attention_mask[0, 0, :, -rows:]
+        ids[b, :s], ids[b, head : head + tail] = call.input_ids[0, :s], call.input_ids[0, s:]
+        positions[b, :s], positions[b, head : head + tail] = call.position_ids[0, :s], call.position_ids[0, s:]
+        new[b, :s, :s], new[b, :s, head : head + tail] = template[:s, :s], template[:s, s:]
+        new[b, head : head + tail, :s] = template[s:, :s]
+        new[b, head : head + tail, head : head + tail] = template[s:, s:]
+        column = torch.arange(rows, device=device)
+        column[s:] += head - s
+        columns.append(column)
+        kept.append(column[call.logit_rows])
+    union = torch.unique(torch.cat(kept))  # sorted
+    reads = [torch.searchsorted(union, k) for k in kept]
+    mask = torch.cat([valid[:, None, :].expand(n, q, cached), new], dim=2)[:, None]
+    batched = PackedCall(input_ids=ids, position_ids=positions, attention_mask=mask, logit_rows=union,
+                         verifier_rows=None, proposal_rows=[], cache_rows_before_draft=0, proposal_start=head)
+    return batched, columns, reads
+
+
+def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, prompts: Sequence[torch.Tensor],
+                 max_new_tokens: int, eos_token_ids: Iterable[int] = (), processors=None,
+                 stop: Callable[[torch.Tensor], bool] | None = None, pad_token_id: int = 0,
+                 slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None
+                 ) -> tuple[list[torch.Tensor], DecodingStats]:
+    """Decode `prompts` (1D LongTensors) together, row b with `schedules[b]` on `layouts[b]` (one of each per
+    row: they hold that row's draft and mask buffer). Returns every row's prompt + output, as `decode` would
+    return it alone, and the batch's statistics: `nfe` batched calls, `rows_per_call` the rows each computed
+    (padding included), `accepted_per_iteration` the tokens all rows accepted per call, `new_tokens` over all
+    rows, and `per_row` each row's own (its calls and rows as at batch 1; charged the model time of every
+    call it is in; its decoder time ends when it finishes). `slack`: compact the cache once it is that many
+    columns longer than the longest row's own cache (default 8 blocks of the widest schedule).
+    `trace(batch_cache, call)` sees every call after its commit (tests)."""
+    device = prompts[0].device
+    slack = 8 * (max(s.width for s in schedules) + 1) if slack is None else slack
+    stats = [new_stats(s) for s in schedules]
+    eos = tuple(eos_token_ids)
+    batch = BatchCache(len(prompts), slack, device)
+    total = DecodingStats(schedule=stats[0].schedule, width=stats[0].width,
+                          speculative_branches=stats[0].speculative_branches, per_row=list(stats))
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    start = time.perf_counter()
+    _sync(device)
+    active, calls, steps = [], [], []
+
+    def finish(b: int, done: StopIteration) -> None:
+        out[b] = done.value[0]
+        stats[b].decoder_time_s = time.perf_counter() - start
+
+    for b, prompt in enumerate(prompts):
+        run = decoding(schedules[b], layouts[b], prompt, max_new_tokens, eos, processors, stop, None,
+                       batch.rows[b], None, stats[b])
+        try:
+            calls.append(next(run))
+            active.append(b)
+            steps.append(run)
+        except StopIteration as done:  # nothing to decode (max_new_tokens=0)
+            finish(b, done)
+    batch.leave(active)
+    while active:
+        call, columns, reads = pack(calls, batch.valid, pad_token_id)
+        tic = time.perf_counter()
+        logits = forward(call, batch.cache)
+        _sync(logits.device)
+        spent = time.perf_counter() - tic
+        total.nfe += 1
+        total.rows_per_call.append(call.input_ids.numel())
+        total.model_time_s += spent
+        old, accepted, kept, stay = batch.length, 0, [], []
+        for i, b in enumerate(active):
+            row, s = batch.rows[i], stats[b]
+            before, iterations = len(row.slots), len(s.accepted_per_iteration)
+            row.slots += (columns[i] + old).tolist()
+            s.model_time_s += spent
+            try:
+                calls[i] = steps[i].send(logits[i, reads[i]])
+                stay.append(i)
+            except StopIteration as done:
+                finish(b, done)
+            accepted += sum(s.accepted_per_iteration[iterations:])
+            kept.append(max(0, len(row.slots) - before))
+        total.accepted_per_iteration.append(accepted)
+        batch.commit(kept, call.rows)
+        if trace is not None:
+            trace(batch, call)
+        batch.leave(stay)
+        active, calls, steps = [active[i] for i in stay], [calls[i] for i in stay], [steps[i] for i in stay]
+    _sync(device)
+    total.decoder_time_s = time.perf_counter() - start
+    total.new_tokens = sum(s.new_tokens for s in stats)
+    return out, total
