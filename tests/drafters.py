@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from hf_packed_ss.engine import SamePositionLayout
 from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.plan import CallResult
 
 
-class OracleLayout(NemotronLayout):
+class Oracle:
     """Replaces the drafter logits of every proposal by a one-hot on `continuation[pos - start]`
-    (probability `accuracy`) or on a random token; verifier logits are the model's own."""
+    (probability `accuracy`) or on a random token; verifier logits are the model's own. Mixed into a layout."""
 
     def __init__(self, mask_token_id: int, vocab: int, continuation: list[int], start: int, accuracy: float, seed=0,
                  static_shapes: bool = False):
@@ -44,6 +45,14 @@ class OracleLayout(NemotronLayout):
 
         call.read = oracle_read
         return call
+
+
+class OracleLayout(Oracle, NemotronLayout):
+    """The oracle drafter on the shifted-block layout (Nemotron format)."""
+
+
+class OracleSamePositionLayout(Oracle, SamePositionLayout):
+    """The oracle drafter on the same-position layout (SetDLM format)."""
 
 
 class Collect(BaseStreamer):

@@ -93,8 +93,7 @@ class BatchCache:
         self.cache.batch_select_indices(index)
         self.valid = self.valid[index]
         self.rows = [self.rows[i] for i in keep]
-        longest = max((len(r.slots) for r in self.rows), default=0)
-        if self.length - longest > self.slack:
+        if self.rows and self.length - max(len(r.slots) for r in self.rows) > self.slack:
             self.compact()
 
     def compact(self) -> None:

@@ -1,0 +1,230 @@
+"""Batch > 1: every row of a batched decode is that prompt's batch-1 decode (tokens, calls, rows and acceptances),
+on both families, with an oracle drafter that makes the rows accept very differently, EOS mid-block in some rows;
+the cache stays within its bound; the front pads as stock batched `generate` does and refuses what it cannot do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import reference_greedy, tiny_model, tiny_setdlm
+from drafters import Collect, OracleLayout, OracleSamePositionLayout
+from engine import schedule_for
+
+from hf_packed_ss.engine import RejectionSampler, decode, decode_batch
+from hf_packed_ss.generation import model_forward
+
+
+@pytest.fixture(scope="module")
+def nemotron():
+    return tiny_model(11)
+
+
+@pytest.fixture(scope="module")
+def setdlm():
+    return tiny_setdlm(3)
+
+
+def _prompts(n: int, vocab: int, seed: int) -> list[torch.Tensor]:
+    """`n` prompts of lengths between 1 and 40, the first of length 1 and the second of 40."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [1, 40, *torch.randint(1, 41, (max(0, n - 2),), generator=gen).tolist()][:n]
+    return [torch.randint(vocab - 1, (k,), generator=gen) for k in lengths]  # never the MASK id
+
+
+def _oracles(model, prompts, continuations, seed):
+    """One oracle layout per row, each right with a different probability (so the rows accept differently)."""
+    kind = OracleSamePositionLayout if model.config.model_type == "setdlm" else OracleLayout
+    accuracies = [1.0, 0.2, 0.9, 0.6, 0.0, 0.95, 0.4, 0.8]
+    return [kind(model.config.mask_token_id, model.config.vocab_size, full, p.numel(), accuracies[b % 8], seed + b)
+            for b, (p, full) in enumerate(zip(prompts, continuations, strict=True))]
+
+
+def _eos(continuations, width: int) -> int:
+    """A token accepted mid-block in some rows and never produced in others."""
+    vocab = sorted({t for full in continuations for t in full})
+    hits = {t: sum(t in full for full in continuations) for t in vocab}
+    partial = [t for t in vocab if 0 < hits[t] < len(continuations)]
+    row0 = [t for t in continuations[0][width + 1 :] if t in partial]
+    return (row0 or partial or vocab)[0]
+
+
+CASES = [  # (family, mode, width, batch)
+    ("nemotron", "ar", 1, 3),
+    ("nemotron", "packed_ss", 1, 2),
+    ("nemotron", "packed_ss", 3, 8),
+    ("nemotron", "packed_ss", 15, 5),
+    ("nemotron", "packed_ss", 31, 4),
+    ("nemotron", "linear_ss", 2, 6),
+    ("nemotron", "linear_ss", 7, 3),
+    ("nemotron", "quadratic_ss", 3, 4),
+    ("nemotron", "quadratic_ss", 7, 3),
+    ("nemotron", "hybrid_ss", 7, 5),
+    ("setdlm", "ar", 1, 3),
+    ("setdlm", "packed_ss", 2, 8),
+    ("setdlm", "packed_ss", 8, 4),
+    ("setdlm", "packed_ss", 16, 3),
+    ("setdlm", "linear_ss", 4, 5),
+    ("setdlm", "quadratic_ss", 4, 4),
+    ("setdlm", "hybrid_ss", 8, 3),
+    ("setdlm", "native", 8, 4),
+]
+
+
+@pytest.mark.parametrize("family,mode,width,batch", CASES)
+def test_every_row_is_its_batch_1_decode(request, family, mode, width, batch):
+    """Tokens identical, and the same calls, rows per call and acceptances as the prompt decoded alone; rows stop
+    at an EOS mid-block or run to the length limit, so they finish at different calls."""
+    model = request.getfixturevalue(family)
+    vocab, max_new = model.config.vocab_size, 3 * width + 8
+    prompts = _prompts(batch, vocab, seed=width * 31 + batch)
+    continuations = [reference_greedy(model, p, max_new) for p in prompts]
+    eos = [_eos(continuations, width)] if mode != "native" else []
+    schedules = [schedule_for(model, mode, width) for _ in prompts]
+    with torch.no_grad():
+        outputs, total = decode_batch(model_forward(model, batched=True), schedules,
+                                      _oracles(model, prompts, continuations, 5), prompts, max_new, eos)
+        alone = [decode(model_forward(model), schedule_for(model, mode, width), layout, p, max_new, eos)
+                 for p, layout in zip(prompts, _oracles(model, prompts, continuations, 5), strict=True)]
+    lengths = set()
+    for b, (out, (seq, stats)) in enumerate(zip(outputs, alone, strict=True)):
+        assert out.tolist() == seq.tolist(), b
+        row = total.per_row[b]
+        assert (row.nfe, row.rows_per_call, row.accepted_per_iteration) == (
+            stats.nfe, stats.rows_per_call, stats.accepted_per_iteration), b
+        if mode != "native":
+            n = seq.numel() - prompts[b].numel()
+            assert seq[prompts[b].numel():].tolist() == continuations[b][:n]  # exact: the AR mode's tokens
+        lengths.add(row.nfe)
+    assert total.nfe == max(r.nfe for r in total.per_row) and total.new_tokens == sum(
+        r.new_tokens for r in total.per_row)
+    assert sum(total.accepted_per_iteration) == total.new_tokens
+    if mode != "ar" and mode != "native":
+        assert len(lengths) > 1  # rows finished at different calls
+        assert any(max(r.accepted_per_iteration, default=0) > 1 for r in total.per_row)  # long acceptances
+
+
+def test_eos_mid_block_in_some_rows_only(nemotron):
+    """The case the parametrised test relies on, checked once: EOS cuts some rows and not others."""
+    prompts = _prompts(6, nemotron.config.vocab_size, seed=2)
+    continuations = [reference_greedy(nemotron, p, 30) for p in prompts]
+    eos = _eos(continuations, 7)
+    ends = [full.index(eos) + 1 if eos in full else None for full in continuations]
+    assert any(e is None for e in ends) and any(e is not None for e in ends)
+    schedules = [schedule_for(nemotron, "packed_ss", 7) for _ in prompts]
+    with torch.no_grad():
+        outputs, _ = decode_batch(model_forward(nemotron, batched=True), schedules,
+                                  _oracles(nemotron, prompts, continuations, 1), prompts, 30, [eos])
+    for p, out, full, end in zip(prompts, outputs, continuations, ends, strict=True):
+        assert out[p.numel():].tolist() == full[: end or 30]
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+def test_cache_stays_within_its_bound_and_compaction_keeps_outputs(request, family):
+    """After every call the batch's cache is at most `slack` columns longer than the longest row's own cache
+    (plus nothing: the proposal columns are cropped at once); a small slack compacts often, outputs unchanged."""
+    model = request.getfixturevalue(family)
+    prompts = _prompts(5, model.config.vocab_size, seed=8)
+    continuations = [reference_greedy(model, p, 40) for p in prompts]
+    results = {}
+    for slack in (4, 10_000):
+        seen = []
+
+        def trace(batch, call, seen=seen):
+            longest = max(len(r.slots) for r in batch.rows)
+            seen.append((batch.length, longest, batch.cache.get_seq_length(), batch.compactions))
+            for i, r in enumerate(batch.rows):  # a row's valid slots are exactly the columns it holds
+                assert batch.valid[i].nonzero().flatten().tolist() == sorted(r.slots)
+
+        schedules = [schedule_for(model, "packed_ss", 4) for _ in prompts]
+        with torch.no_grad():
+            results[slack] = decode_batch(model_forward(model, batched=True), schedules,
+                                          _oracles(model, prompts, continuations, 3), prompts, 40, slack=slack,
+                                          trace=trace)[0]
+        assert all(length == physical for length, _, physical, _ in seen)
+        if slack == 4:
+            assert all(length <= longest + slack for length, longest, _, _ in seen)
+            assert seen[-1][3] > 0  # it compacted
+    assert [o.tolist() for o in results[4]] == [o.tolist() for o in results[10_000]]
+
+
+def test_sampling_rows_are_reproducible_with_a_generator(nemotron):
+    prompts = _prompts(4, nemotron.config.vocab_size, seed=4)
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(7)
+        schedules = [schedule_for(nemotron, "packed_ss", 3, RejectionSampler(gen)) for _ in prompts]
+        layouts = [OracleLayout(nemotron.config.mask_token_id, nemotron.config.vocab_size, [], 0, 0.0, b)
+                   for b in range(len(prompts))]
+        with torch.no_grad():
+            runs.append([o.tolist() for o in decode_batch(model_forward(nemotron, batched=True), schedules,
+                                                          layouts, prompts, 12)[0]])
+    assert runs[0] == runs[1]
+
+
+# --- the front: generate(input_ids, attention_mask=...) ------------------------------------------------------
+
+def _left_padded(prompts, pad: int):
+    width = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - p.numel():], mask[b, width - p.numel():] = p, 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("mode", ["packed_ss", "linear_ss", "hybrid_ss"])
+def test_generate_pads_as_stock_batched_generate(nemotron, mode):
+    """Same sequences as stock batched greedy `generate` (left padding in, `pad_token_id` after each row's EOS)."""
+    prompts = _prompts(4, nemotron.config.vocab_size, seed=6)
+    continuations = [reference_greedy(nemotron, p, 24) for p in prompts]
+    eos = _eos(continuations, 3)
+    ids, mask = _left_padded(prompts, pad=3)
+    options = dict(attention_mask=mask, max_new_tokens=24, eos_token_id=eos, pad_token_id=3, do_sample=False)
+    stock = nemotron.generate(ids, **options)
+    ours = nemotron.generate(ids, assistant_mode=mode, speculative_width=3, return_dict_in_generate=True, **options)
+    assert ours.sequences.tolist() == stock.tolist()
+    assert ours.decoding_stats.new_tokens == sum(r.new_tokens for r in ours.decoding_stats.per_row)
+    assert len(ours.decoding_stats.per_row) == 4
+
+
+def test_generate_batch_on_setdlm_equals_each_prompt_alone(setdlm):
+    prompts = _prompts(3, setdlm.config.vocab_size, seed=9)
+    ids, mask = _left_padded(prompts, pad=0)
+    out = setdlm.generate(ids, attention_mask=mask, assistant_mode="packed_ss", max_new_tokens=12, pad_token_id=0)
+    for b, p in enumerate(prompts):
+        alone = setdlm.generate(p[None], assistant_mode="packed_ss", max_new_tokens=12)
+        assert out[b, ids.shape[1]:].tolist() == alone[0, p.numel():].tolist()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("right", "right-padded"),
+    ("4d", "2D attention_mask"),
+    ("shape", "has shape"),
+    ("empty_row", "all padding"),
+    ("values", "0 \\(padding\\) and 1"),
+    ("return_sequences", "num_return_sequences"),
+    ("streamer", "Streamers take one sequence"),
+    ("no_pad", "pad_token_id"),
+])
+def test_bad_batches_get_clear_errors(nemotron, bad, match):
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    options = dict(attention_mask=mask, assistant_mode="packed_ss", max_new_tokens=3, pad_token_id=0)
+    if bad == "right":
+        options["attention_mask"] = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    elif bad == "4d":
+        options["attention_mask"] = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    elif bad == "shape":
+        options["attention_mask"] = torch.ones(2, 4, dtype=torch.long)
+    elif bad == "empty_row":
+        options["attention_mask"] = torch.tensor([[0, 0, 0], [1, 1, 1]])
+    elif bad == "values":
+        options["attention_mask"] = torch.tensor([[0, 2, 1], [1, 1, 1]])
+    elif bad == "return_sequences":
+        options.update(num_return_sequences=2, do_sample=True)
+    elif bad == "streamer":
+        options["streamer"] = Collect()
+    elif bad == "no_pad":
+        options.update(pad_token_id=None, eos_token_id=None)
+    with pytest.raises(ValueError, match=match):
+        nemotron.generate(ids, **options)
