@@ -20,6 +20,8 @@ from scipy.stats import chisquare
 from transformers import GenerationConfig
 
 from hf_packed_ss.acceptance import Greedy, ProposalDistribution, RejectionSampler, probabilities
+from hf_packed_ss.engine import SamePositionLayout, decode_batch
+from hf_packed_ss.generation import model_forward
 from hf_packed_ss.layouts import NemotronLayout
 from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule
 
@@ -46,7 +48,7 @@ def _processors(model, options):
     return model._get_logits_processor(generation_config=config, input_ids_seq_length=PROMPT.numel())
 
 
-def exact_distribution(model, processors) -> dict[tuple, float]:
+def exact_distribution(model, processors, prompt: torch.Tensor = PROMPT) -> dict[tuple, float]:
     """Probability of every continuation under the AR mode, stopped at EOS or after L tokens."""
     out: dict[tuple, float] = {}
 
@@ -54,7 +56,7 @@ def exact_distribution(model, processors) -> dict[tuple, float]:
         if len(seq) == L or (seq and seq[-1] == EOS):
             out[seq] = prob
             return
-        ids = torch.cat([PROMPT, torch.tensor(seq, dtype=torch.long)])[None]
+        ids = torch.cat([prompt, torch.tensor(seq, dtype=torch.long)])[None]
         with torch.no_grad():
             p = probabilities(processors(ids, model(ids).logits[:, -1]))[0]
         for tok in range(V):
@@ -65,14 +67,25 @@ def exact_distribution(model, processors) -> dict[tuple, float]:
     return out
 
 
-def sample(model, schedule, processors, n: int, seed: int) -> Counter:
+def sample_batched(model, schedule, processors, prompts: list[torch.Tensor], seed: int, rows: int = 500) -> list:
+    """One sample per prompt, drawn `rows` prompts per batched decode (a fresh schedule per row, as at batch 1);
+    returns each row's continuation."""
     torch.manual_seed(seed)
-    counts: Counter = Counter()
-    for _ in range(n):
-        schedule.__init__(schedule.width, schedule.acceptance)  # fresh decoder state
-        seq, _ = decode(model, schedule, PROMPT, L, eos=[EOS], processors=processors)
-        counts[tuple(seq[PROMPT.numel():].tolist())] += 1
-    return counts
+    layout = SamePositionLayout if model.config.model_type == "setdlm" else NemotronLayout
+    out = []
+    for first in range(0, len(prompts), rows):
+        chunk = prompts[first : first + rows]
+        schedules = [type(schedule)(schedule.width, schedule.acceptance) for _ in chunk]
+        with torch.no_grad():
+            seqs, _ = decode_batch(model_forward(model, batched=True), schedules,
+                                   [layout(model.config.mask_token_id) for _ in chunk], chunk, L, [EOS], processors)
+        out += [tuple(seq[p.numel():].tolist()) for p, seq in zip(chunk, seqs, strict=True)]
+    return out
+
+
+def sample(model, schedule, processors, n: int, seed: int) -> Counter:
+    """`n` samples of PROMPT's continuation, drawn in batches."""
+    return Counter(sample_batched(model, schedule, processors, [PROMPT] * n, seed))
 
 
 def p_value(counts: Counter, exact: dict[tuple, float]) -> float:
@@ -122,6 +135,24 @@ def test_any_order_schedules_sample_the_ar_distribution(setdlm, mode, options):
     assert abs(sum(exact.values()) - 1) < 1e-9
     counts = sample(setdlm, WINDOW_SCHEDULES[mode](WIDTH, RejectionSampler()), processors, SAMPLES, seed=99)
     assert p_value(counts, exact) > THRESHOLD
+
+
+PROMPT_2 = torch.tensor([4])
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+@pytest.mark.parametrize("mode", ["packed_ss", "linear_ss"])
+def test_batched_rows_with_different_prompts_each_sample_their_own_ar_distribution(request, family, mode):
+    """Rows of one batch with different prompts (of different lengths, so left padding and holes differ), each
+    tested against the exact enumeration of its own prompt."""
+    model = request.getfixturevalue("model" if family == "nemotron" else "setdlm")
+    processors = _processors(model, OPTIONS["t0.7-top5"])
+    table = SCHEDULES if family == "nemotron" else WINDOW_SCHEDULES
+    prompts = [PROMPT, PROMPT_2] * (SAMPLES // 2) + [PROMPT] * (SAMPLES // 2)  # alternating, then alone
+    drawn = sample_batched(model, table[mode](WIDTH, RejectionSampler()), processors, prompts, seed=21)
+    for prompt in (PROMPT, PROMPT_2):
+        counts = Counter(d for p, d in zip(prompts, drawn, strict=True) if p is prompt)
+        assert p_value(counts, exact_distribution(model, processors, prompt)) > THRESHOLD
 
 
 @pytest.mark.parametrize("options", ["plain", "t0.7-top5"])
