@@ -434,3 +434,32 @@ def test_overhead_evict_writes_after_every_forward_inside_the_model_call(capsys)
     assert cli_main(["overhead", "--model", "tiny-nemotron-random", "--contexts", "8", "16", "--repeats", "1",
                      "--max-new-tokens", "2", "--schedules", "ar", "--evict-mb", "1"]) == 0
     assert "1 MiB written after every forward" in capsys.readouterr().out
+
+
+def test_bench_batch_size_against_stock_batched_generate(tmp_path, capsys):
+    """`--batch-size`: one table row per schedule and batch size (batch 1 always), ratios to stock with
+    intervals, the engine's share, the crossover and the probe's prediction, all in batched.json."""
+    out = tmp_path / "b"
+    assert cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "2", "--limit", "2",
+                     "--max-new-tokens", "3", "--repeats", "2", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    results = json.loads((out / "batched.json").read_text())
+    assert results["batch_sizes"] == [1, 2] and results["schedules"] == ["stock", "ar", "packed_ss"]
+    cells = {(r["schedule"], r["batch_size"]) for r in results["rows"]}
+    assert cells == {(s, n) for s in ("stock", "ar", "packed_ss") for n in (1, 2)}
+    for r in results["rows"]:
+        assert r["engine_share"] >= 1.0 and r["throughput"]["low"] <= r["throughput"]["value"]
+        if r["schedule"] != "stock":
+            v = r["vs_stock"]
+            assert v["low"] <= v["value"] <= v["high"] and v["units"] == 2 // r["batch_size"] * 2
+            assert r["same_tokens_as_stock"]  # greedy: every row's tokens are stock's
+    assert set(results["crossover"]) == {"ar", "packed_ss"} and results["probe"]["delta_s"] is not None
+    records = results["records"]
+    assert {len(r["tokens"]) for r in records if r["batch_size"] == 2} == {2}
+    assert "| packed_ss | 2 |" in text and "stock overtakes" in text
+    with pytest.raises(SystemExit, match="between 1 and"):
+        cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "3", "--limit", "2",
+                  "--out", str(out), "--no-progress"])
+    with pytest.raises(SystemExit, match="cannot decode a batch"):
+        cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "2", "--limit", "2",
+                  "--schedules", "packed_ss", "prompt_lookup", "--out", str(out), "--no-progress"])

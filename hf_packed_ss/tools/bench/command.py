@@ -24,6 +24,7 @@ from .grading import grade
 from .measure import (
     PEERS,
     REFERENCE,
+    STOCK,
     Measurement,
     Settings,
     decoder_for,
@@ -73,6 +74,10 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     p.add_argument("--humaneval-timeout", type=float, default=5.0, help="seconds per HumanEval program")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="N",
+                   help="decode the prompts in left-padded batches of N (a list: each), against stock batched "
+                        "generate at the same N and our schedules at batch 1; writes batched.json (schedules "
+                        "default: stock ar packed_ss)")
     return p
 
 
@@ -174,6 +179,21 @@ def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, s
     }
 
 
+def batched_main(args, model, tokenizer, inputs, schedules: list[str], settings: Settings) -> int:
+    """`--batch-size`: the batched comparison (`batched.py`) instead of the per-prompt one."""
+    from . import batched
+
+    bad = [n for n in args.batch_size if n < 1 or n > len(inputs)]
+    if bad:
+        raise SystemExit(f"--batch-size {bad}: each must be between 1 and the number of prompts ({len(inputs)}).")
+    peers = [s for s in schedules if s in PEERS and s != STOCK]
+    if peers:
+        raise SystemExit(f"{peers} cannot decode a batch in stock generate: drop them with --batch-size.")
+    batched.run(model, tokenizer, inputs, [s for s in schedules if s != STOCK], args.batch_size, settings,
+                args.repeats, Path(args.out), args.seed)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("limit", "repeats", "max_new_tokens", "resamples"):
@@ -187,11 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_suite(args.suite, args.data, args.limit, args.prompt_field)
     model, tokenizer = load_model(args.model, dtype)
     model.to(device)
-    schedules = args.schedules or default_schedules(model)
+    schedules = args.schedules or (["ar", "packed_ss"] if args.batch_size else default_schedules(model))
     check_schedules(schedules, model)
     inputs = [encode(tokenizer, p, args.chat, args.shots).to(device) for p in prompts]
     settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
                         args.prompt_lookup_tokens)
+    if args.batch_size:
+        return batched_main(args, model, tokenizer, inputs, schedules, settings)
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
                         progress=not args.no_progress)
     if m.interrupted:

@@ -33,32 +33,43 @@ def time_rows(model, rows: list[int], context: int = 128, iters: int = 10, warmu
               seed: int = 0) -> dict[int, float]:
     """Median seconds of one forward of n new rows after a cached `context`-token prompt, per n. Row counts are
     interleaved within each round, so drift of the machine hits all alike."""
+    latency = time_batched(model, [(1, n) for n in rows], context, iters, warmup, seed)
+    return {n: latency[1, n] for n in rows}
+
+
+def time_batched(model, shapes: list[tuple[int, int]], context: int = 128, iters: int = 10, warmup: int = 2,
+                 seed: int = 0) -> dict[tuple[int, int], float]:
+    """Median seconds of one forward of a batch of b sequences of n new rows each, after a cached `context`-token
+    prompt per sequence, per (b, n) in `shapes` (interleaved within each round, as `time_rows`)."""
     decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model decodes through its twin
     device, cache_kw = decoder.device, cache_keyword(decoder)
     g = torch.Generator().manual_seed(seed)
     vocab = decoder.config.vocab_size
-    prompt = torch.randint(vocab, (1, context), generator=g).to(device)
-    cache = DynamicCache()
-    calls = {}
-    for n in rows:  # inputs built once: only the forward is timed
-        ids = torch.randint(vocab, (1, n), generator=g).to(device)
-        positions = torch.arange(context, context + n, device=device)[None]
-        new = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        mask = torch.cat([torch.ones(n, context, dtype=torch.bool, device=device), new], dim=1)[None, None]
-        calls[n] = dict(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True)
-    times: dict[int, list[float]] = {n: [] for n in rows}
+    caches, calls = {}, {}
     with torch.no_grad():
-        decoder(input_ids=prompt, use_cache=True, **{cache_kw: cache})
+        for b in sorted({b for b, _ in shapes}):
+            caches[b] = DynamicCache()
+            decoder(input_ids=torch.randint(vocab, (b, context), generator=g).to(device), use_cache=True,
+                    **{cache_kw: caches[b]})
+    for b, n in shapes:  # inputs built once: only the forward is timed
+        ids = torch.randint(vocab, (b, n), generator=g).to(device)
+        positions = torch.arange(context, context + n, device=device)[None].expand(b, -1)
+        new = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        mask = torch.cat([torch.ones(n, context, dtype=torch.bool, device=device), new], dim=1)
+        calls[b, n] = dict(input_ids=ids, position_ids=positions, attention_mask=mask[None, None].expand(b, 1, -1, -1),
+                           use_cache=True)
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    with torch.no_grad():
         for round_ in range(warmup + iters):
-            for n in rows[round_ % len(rows):] + rows[:round_ % len(rows)]:
+            for b, n in shapes[round_ % len(shapes):] + shapes[:round_ % len(shapes)]:
                 sync(device)
                 tic = time.perf_counter()
-                decoder(**calls[n], **{cache_kw: cache})
+                decoder(**calls[b, n], **{cache_kw: caches[b]})
                 sync(device)
                 if round_ >= warmup:
-                    times[n].append(time.perf_counter() - tic)
-                cache.crop(-n)  # back to the prompt (5.24 takes the rows to remove)
-    return {n: stats.median(t) for n, t in times.items()}
+                    times[b, n].append(time.perf_counter() - tic)
+                caches[b].crop(-n)  # back to the prompt (5.24 takes the rows to remove)
+    return {shape: stats.median(t) for shape, t in times.items()}
 
 
 def fit(latency: dict[int, float]) -> tuple[float, float, float]:
