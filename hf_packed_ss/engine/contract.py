@@ -145,6 +145,9 @@ class PackedCall:
             enter the cache whatever is accepted.
         proposal_start: rows from this one on are proposal rows (where a proposal-only adapter applies);
             every layout puts its proposal rows last. Equals `rows` when there are none.
+        new_rows_mask (`torch.BoolTensor` of shape `(q, q)`): the mask's new-rows part, the layout's cached
+            template for this call shape (the same object for every call of that shape: a batch whose rows
+            all make such a call is built by concatenation).
     """
 
     input_ids: torch.Tensor
@@ -156,6 +159,7 @@ class PackedCall:
     cache_rows_before_draft: int
     proposal_start: int
     proposal_ranks: list[range] = field(default_factory=list)
+    new_rows_mask: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -143,8 +143,10 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
     # one schedule and one layout per sequence: they hold its draft and its mask buffer
     schedules = [schedule_class(width, acceptance, **extra) for _ in prompts]
-    layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=bool(options["static_shapes"]))
-               for _ in prompts]
+    # a batch lays out static shapes unless told otherwise: the rows a lean call leaves out are padding in the
+    # batched call anyway, and with one shape per row the batched call is a concatenation
+    static = options["static_shapes"] if options["static_shapes"] is not None else len(prompts) > 1
+    layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=static) for _ in prompts]
     # only a dict output returns the candidate generator, so only then is it made and told every verification
     wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None

@@ -85,6 +85,7 @@ class SamePositionLayout(LayoutBase):
             cache_rows_before_draft=p,
             proposal_start=p + o_rows + m,  # M and R rows follow N and O
             proposal_ranks=used,
+            new_rows_mask=new,
         )
 
 

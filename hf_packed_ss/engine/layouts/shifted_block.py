@@ -67,7 +67,10 @@ class ShiftedBlockLayout(LayoutBase):
         shape = tuple((p.branch, p.anchored, u - 1 if p.anchored else u) for p in plan.proposals)
         last = state.origin + state.left - 1  # P's last token
         first = last - t + 1 if plan.verify else last  # position of row 0
-        positions, new_mask, kept, rows = _template(plan.verify, t, k, slots, shape, last - first, device)
+        # static shapes keep the logits of every verifier slot (the first k + 1 are read), so the template does
+        # not depend on the draft's length: one object per shape, shared by every call (and batch row) of it
+        read = slots if self.static_shapes and plan.verify else k
+        positions, new_mask, kept, rows = _template(plan.verify, t, read, slots, shape, last - first, device)
         pieces = [tail, plan.draft, self.mask_ids(slots - k, device)]
         for branch, anchored, length in shape:
             if anchored:
@@ -84,6 +87,7 @@ class ShiftedBlockLayout(LayoutBase):
             cache_rows_before_draft=t,
             proposal_start=t + slots,
             proposal_ranks=[range(branch, branch + length) for branch, _, length in shape],
+            new_rows_mask=new_mask,
         )
 
 
