@@ -225,6 +225,100 @@ def test_bad_batches_get_clear_errors(nemotron, bad, match):
     elif bad == "streamer":
         options["streamer"] = Collect()
     elif bad == "no_pad":
-        options.update(pad_token_id=None, eos_token_id=None)
+        options.update(pad_token_id=None, stop_sequences=[[4]])
     with pytest.raises(ValueError, match=match):
         nemotron.generate(ids, **options)
+
+
+# --- the lockstep path: every row in the same tensors (greedy AR / Packed-SS on the plain shifted-block layout) ---
+
+@pytest.fixture(scope="module")
+def trained():
+    """The bundled GSM8K-trained Nemotron-format model in float64: a real drafter, so rows accept long and very
+    differently, and EOS falls inside accepted blocks."""
+    from hf_packed_ss import bundled
+
+    model, tokenizer = bundled.load("tiny-nemotron-gsm8k", torch.float64)
+    return model, tokenizer
+
+
+def _questions(tokenizer, n: int, skip: int = 0) -> list[torch.Tensor]:
+    from hf_packed_ss.tools.bench.suites import SAMPLE, read_jsonl
+
+    rows = read_jsonl(SAMPLE)[skip : skip + n]
+    texts = [f"Question: {r['question']}\nAnswer:" for r in rows]
+    texts[0] = texts[0][-12:]  # one short prompt
+    return [tokenizer(t, return_tensors="pt").input_ids[0] for t in texts]
+
+
+def _plain(model, mode, width, n):
+    from hf_packed_ss.engine import ShiftedBlockLayout
+
+    return [schedule_for(model, mode, width) for _ in range(n)], [ShiftedBlockLayout(model.config.mask_token_id)
+                                                                   for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode,width,batch", [("packed_ss", 1, 3), ("packed_ss", 3, 8), ("packed_ss", 7, 5),
+                                              ("packed_ss", 15, 4), ("ar", 0, 6)])
+def test_lockstep_rows_are_their_batch_1_decodes(trained, mode, width, batch):
+    """Tokens, calls and acceptances of every row as decoded alone, and the same outputs as each row in its own
+    loop; the model's EOS ends some rows inside an accepted block, others run to the length limit."""
+    model, tokenizer = trained
+    prompts, eos = _questions(tokenizer, batch, skip=width), [tokenizer.eos_token_id]
+    width = max(width, 1)
+    forward = model_forward(model, batched=True)
+    with torch.no_grad():
+        got, total = decode_batch(forward, *_plain(model, mode, width, batch), prompts, 80, eos, lockstep=True)
+        rowwise, _ = decode_batch(forward, *_plain(model, mode, width, batch), prompts, 80, eos, lockstep=False)
+        alone = [decode(model_forward(model), *(x[0] for x in _plain(model, mode, width, 1)), p, 80, eos)
+                 for p in prompts]
+    assert [g.tolist() for g in got] == [r.tolist() for r in rowwise] == [s.tolist() for s, _ in alone]
+    for row, (_, stats) in zip(total.per_row, alone, strict=True):
+        assert (row.nfe, row.accepted_per_iteration, row.new_tokens) == (
+            stats.nfe, stats.accepted_per_iteration, stats.new_tokens)
+    assert total.nfe == max(r.nfe for r in total.per_row) and sum(total.accepted_per_iteration) == total.new_tokens
+    if mode == "packed_ss":
+        assert len({r.nfe for r in total.per_row}) > 1  # rows finished at different calls
+        assert max(max(r.accepted_per_iteration) for r in total.per_row) >= min(width + 1, 3)  # long acceptances
+    ended = [eos[0] in g[p.numel():].tolist() for p, g in zip(prompts, got, strict=True)]
+    assert any(ended) and not all(ended)
+
+
+@pytest.mark.parametrize("family", ["nemotron", "trained"])
+def test_lockstep_is_chosen_and_its_cache_stays_bounded(request, family):
+    """`decode_batch` takes the lockstep path when it can; the cache never outgrows the longest row's own by more
+    than the slack, a small slack compacts, and the outputs do not change."""
+    model = request.getfixturevalue(family)
+    model = model[0] if family == "trained" else model
+    prompts = _prompts(6, model.config.vocab_size - 2, seed=3)
+    results = {}
+    for slack in (3, 10_000):
+        seen = []
+
+        def trace(batch, call, seen=seen):
+            seen.append((batch.length, int(batch.valid.sum(1).max()), batch.cache.get_seq_length(),
+                         batch.compactions))
+
+        with torch.no_grad():
+            results[slack] = decode_batch(model_forward(model, batched=True), *_plain(model, "packed_ss", 5, 6),
+                                          prompts, 40, slack=slack, trace=trace)[0]
+        assert seen and all(length == physical for length, _, physical, _ in seen)
+        assert all(length <= longest + slack + 6 for length, longest, _, _ in seen)  # + the last call's holes
+        if slack == 3:
+            assert seen[-1][3] > 0
+    assert [o.tolist() for o in results[3]] == [o.tolist() for o in results[10_000]]
+    with torch.no_grad():
+        alone = [decode(model_forward(model), *(x[0] for x in _plain(model, "packed_ss", 5, 1)), p, 40)[0]
+                 for p in prompts]
+    assert [o.tolist() for o in results[3]] == [a.tolist() for a in alone]
+
+
+def test_lockstep_refuses_what_it_cannot_decode(nemotron):
+    prompts = _prompts(2, nemotron.config.vocab_size, seed=1)
+    schedules, layouts = _plain(nemotron, "linear_ss", 3, 2)
+    with pytest.raises(ValueError, match="lockstep=True needs"):
+        decode_batch(model_forward(nemotron, batched=True), schedules, layouts, prompts, 4, lockstep=True)
+    with torch.no_grad():
+        out, stats = decode_batch(model_forward(nemotron, batched=True), *_plain(nemotron, "packed_ss", 3, 2),
+                                  prompts, 0)
+    assert [o.tolist() for o in out] == [p.tolist() for p in prompts] and stats.nfe == 0

@@ -102,17 +102,22 @@ class BatchCache:
         device = self.valid.device
         index = torch.tensor([[0] * (size - len(r.slots)) + r.slots for r in self.rows], dtype=torch.long,
                              device=device)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or not layer.keys.numel():
-                continue
-            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
-            where = index[:, None, :, None].expand(-1, heads, -1, dim)
-            layer.keys, layer.values = layer.keys.gather(2, where), layer.values.gather(2, where)
+        gather_columns(self.cache, index)
         self.valid = torch.arange(size, device=device)[None] >= torch.tensor(
             [size - len(r.slots) for r in self.rows], device=device)[:, None]
         for r in self.rows:
             r.slots = list(range(size - len(r.slots), size))
         self.compactions += 1
+
+
+def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Row b of every layer keeps the columns `index[b]` (a `(batch, size)` LongTensor), in that order."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not layer.keys.numel():
+            continue
+        heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
+        where = index[:, None, :, None].expand(-1, heads, -1, dim)
+        layer.keys, layer.values = layer.keys.gather(2, where), layer.values.gather(2, where)
 
 
 def pack(calls: Sequence[PackedCall], valid: torch.Tensor, pad_token_id: int) -> tuple[PackedCall, list, list]:
@@ -162,8 +167,8 @@ def pack(calls: Sequence[PackedCall], valid: torch.Tensor, pad_token_id: int) ->
 def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, prompts: Sequence[torch.Tensor],
                  max_new_tokens: int, eos_token_ids: Iterable[int] = (), processors=None,
                  stop: Callable[[torch.Tensor], bool] | None = None, pad_token_id: int = 0,
-                 slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None
-                 ) -> tuple[list[torch.Tensor], DecodingStats]:
+                 slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None,
+                 lockstep: bool | None = None) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode `prompts` (1D LongTensors) together, row b with `schedules[b]` on `layouts[b]` (one of each per
     row: they hold that row's draft and mask buffer). Returns every row's prompt + output, as `decode` would
     return it alone, and the batch's statistics: `nfe` batched calls, `rows_per_call` the rows each computed
@@ -171,9 +176,20 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     rows, and `per_row` each row's own (its calls and rows as at batch 1; charged the model time of every
     call it is in; its decoder time ends when it finishes). `slack`: compact the cache once it is that many
     columns longer than the longest row's own cache (default 8 blocks of the widest schedule).
-    `trace(batch_cache, call)` sees every call after its commit (tests)."""
+    `trace(batch_cache, call)` sees every call after its commit (tests). `lockstep`: decode every row in the same
+    tensors (`lockstep.py`; by default whenever the batch can: greedy AR or Packed-SS on the plain shifted-block
+    layout, stopped by EOS and the length limit only), else each row in its own loop."""
+    from . import lockstep as tensors
+
     device = prompts[0].device
     slack = 8 * (max(s.width for s in schedules) + 1) if slack is None else slack
+    can = tensors.eligible(schedules, layouts, processors, stop)
+    if lockstep and not can:
+        raise ValueError("lockstep=True needs greedy AR or Packed-SS rows of one width on the plain shifted-block "
+                         "layout, stopped by EOS and the length limit only.")
+    if can if lockstep is None else lockstep:
+        return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
+                                       layouts[0].mask_token_id, slack, trace)
     stats = [new_stats(s) for s in schedules]
     eos = tuple(eos_token_ids)
     batch = BatchCache(len(prompts), slack, device)

@@ -157,7 +157,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
                                      trace=None if candidates is None else candidates.observe)
             outputs = [sequence]
         else:
-            pad = config.pad_token_id if config.pad_token_id is not None else eos[0]
+            pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_batch(model_forward(decoder, batched=True), schedules, layouts, prompts,
                                           max(0, max_new), eos, processors, stop, pad_token_id=pad)
     sequences = padded(input_ids, prompts, outputs, config.pad_token_id if config.pad_token_id is not None

@@ -112,9 +112,11 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         "Streamers take one sequence: streaming with assistant_mode needs batch size 1 (as transformers' "
         "TextStreamer), so decode that prompt alone to stream it.",
     )
+    can_end_early = config.eos_token_id is not None or bool(hooks.get("stopping_criteria")) or any(
+        x is not None for x in (config.stop_strings, options["stop_sequences"], config.max_time))
     _reject(
-        input_ids.shape[0] > 1 and config.pad_token_id is None and config.eos_token_id is None,
-        "A batch needs pad_token_id (the rows that end early are padded with it): pass generate(..., "
+        input_ids.shape[0] > 1 and config.pad_token_id is None and can_end_early,
+        "A batch whose rows can end early needs pad_token_id (they are padded with it): pass generate(..., "
         "pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id).",
     )
     _reject(
