@@ -322,3 +322,36 @@ def test_lockstep_refuses_what_it_cannot_decode(nemotron):
         out, stats = decode_batch(model_forward(nemotron, batched=True), *_plain(nemotron, "packed_ss", 3, 2),
                                   prompts, 0)
     assert [o.tolist() for o in out] == [p.tolist() for p in prompts] and stats.nfe == 0
+
+
+def test_per_row_stop_sequences_and_processors_as_stock_batched_generate(nemotron):
+    """A stop sequence ends each row where stock batched `generate` ends it (and pads after it); a logits
+    processor sees each row's own ids, so every row equals its prompt decoded alone with the processor."""
+    prompts = _prompts(4, nemotron.config.vocab_size, seed=12)
+    continuations = [reference_greedy(nemotron, p, 20) for p in prompts]
+    marker = continuations[0][5:7]  # met in row 0 at least
+    ids, mask = _left_padded(prompts, pad=1)
+    # stock pads a stopped row only when an EOS is set (else it keeps filling it): one that never comes
+    never = next(t for t in range(nemotron.config.vocab_size) if all(t not in c for c in continuations))
+    options = dict(attention_mask=mask, max_new_tokens=20, pad_token_id=1, stop_sequences=[marker],
+                   eos_token_id=never)
+    stock = nemotron.generate(ids, **options)
+    ours = nemotron.generate(ids, assistant_mode="packed_ss", speculative_width=4, **options)
+    assert ours.tolist() == stock.tolist()
+    first = ours[0, ids.shape[1]:].tolist()
+    assert first[:7] == continuations[0][:7] and set(first[7:]) <= {1}  # row 0 ends at the marker, then padding
+    penalised = nemotron.generate(ids, attention_mask=mask, assistant_mode="packed_ss", max_new_tokens=10,
+                                  repetition_penalty=1.6)
+    for b, p in enumerate(prompts):
+        alone = nemotron.generate(p[None], assistant_mode="packed_ss", max_new_tokens=10, repetition_penalty=1.6)
+        assert penalised[b, ids.shape[1]:].tolist() == alone[0, p.numel():].tolist()
+
+
+def test_sampled_batch_through_generate_is_reproducible(setdlm):
+    prompts = _prompts(3, setdlm.config.vocab_size, seed=2)
+    ids, mask = _left_padded(prompts, pad=0)
+    kwargs = dict(attention_mask=mask, assistant_mode="packed_ss", do_sample=True, max_new_tokens=8, pad_token_id=0)
+    a = setdlm.generate(ids, generator=torch.Generator().manual_seed(5), **kwargs)
+    b = setdlm.generate(ids, generator=torch.Generator().manual_seed(5), **kwargs)
+    c = setdlm.generate(ids, generator=torch.Generator().manual_seed(6), **kwargs)
+    assert torch.equal(a, b) and not torch.equal(a, c)
