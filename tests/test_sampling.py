@@ -294,3 +294,21 @@ def test_all_continuations_enumerated(model):
     assert len(exact) == 1 + (V - 1) + (V - 1) ** 2 * V
     assert set(exact) == {s for s in itertools.chain(
         [(EOS,)], [(a, EOS) for a in range(1, V)], itertools.product(range(1, V), range(1, V), range(V)))}
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (5, 4096), (16, 31, 4096), (2, 40, 1000), (300, 49152 // 64)])
+def test_greedy_tokens_is_argmax_with_ties_and_nan(shape):
+    """The fast argmax (two-level on large inputs) picks exactly torch.argmax's index: the first maximum, NaN
+    counting as the maximum, on every shape (a vocabulary that no chunk size divides included)."""
+    from hf_packed_ss.engine.acceptance import greedy_tokens
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randint(0, 4, shape, generator=gen).to(dtype)  # many ties
+        assert torch.equal(greedy_tokens(x), x.argmax(-1))
+        x.view(-1, shape[-1])[0, shape[-1] // 2] = float("nan")
+        x.view(-1, shape[-1])[-1, 1] = float("nan")
+        x.view(-1, shape[-1])[-1, -1] = float("nan")
+        assert torch.equal(greedy_tokens(x), x.argmax(-1))
+        y = torch.randn(shape, generator=gen, dtype=dtype)
+        assert torch.equal(greedy_tokens(y), y.argmax(-1))

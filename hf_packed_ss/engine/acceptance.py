@@ -71,10 +71,18 @@ class ProposalDistribution:
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """The argmax of each row. `max(dim).indices` has argmax's rule (the first maximum; NaN counts as the
-    maximum) and on the CPU runs about 3x faster than `argmax`, which is most of a greedy call's own time on
-    a large vocabulary."""
-    return logits.max(dim=-1).indices
+    """The argmax of each row (argmax's rule: the first maximum; NaN counts as the maximum), as fast as the CPU
+    allows: most of a greedy call's own time on a large vocabulary or batch. `max(dim).indices` runs about 3x
+    faster than `argmax`; on a large input a two-level search is faster again (about 2x): the first chunk of
+    `chunk` logits holding the maximum (`amax` per chunk, which vectorises), then the first maximum inside it."""
+    vocab = logits.shape[-1]
+    chunk = next((c for c in (128, 256, 64, 32) if vocab % c == 0), None)
+    if chunk is None or logits.numel() < 2**16:
+        return logits.max(dim=-1).indices
+    chunks = logits.unflatten(-1, (vocab // chunk, chunk))
+    which = chunks.amax(dim=-1).max(dim=-1).indices  # the first chunk holding the maximum
+    inner = chunks.gather(-2, which[..., None, None].expand(*which.shape, 1, chunk)).squeeze(-2)
+    return which * chunk + inner.max(dim=-1).indices
 
 
 class Greedy:

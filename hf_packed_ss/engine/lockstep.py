@@ -86,13 +86,14 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
         for b, p in enumerate(prompts):
             outputs[b], stats[b].decoder_time_s = p.clone(), time.perf_counter() - start
         return outputs, total
-    eos = torch.tensor(sorted(set(eos_token_ids)) or [-1], device=device)
+    eos_ids = sorted(set(eos_token_ids))
+    eos = torch.tensor(eos_ids or [-1], device=device)
     w = width if drafting else 0
     # the steady-state call of the layout: its own template (relative positions, new-rows mask, kept rows)
     proposals = ((0, True, w),) if drafting else ()
     offsets, template, kept, _ = _template(True, 1, w, w, proposals, 0, device)
     q = template.shape[0]
-    rank = torch.arange(w + 1, device=device)
+    rank, columns = torch.arange(w + 1, device=device), torch.arange(q, device=device)[None]
     batch = BatchCache(n, slack, device)
     rows = list(range(n))  # the original index of each row still in the batch
     lengths = torch.tensor([p.numel() for p in prompts], device=device)
@@ -123,34 +124,42 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     batch.valid = torch.arange(longest, device=device)[None] >= (longest - lengths)[:, None]
     if call.rows > longest:
         batch.cache.crop(longest - call.rows)
-    crop = None  # (columns the last call added, the most a row kept): cropped once the round's sync says
+    held = [p.numel() for p in prompts]  # cache columns each row sees (host copies: no sync to read them)
+    produced = [0] * n  # accepted tokens per row
+    added = 0  # columns the last call added to the cache
     while True:
         # 2. accept A = h + 1 tokens, cut at the first EOS and at the length limit (Algorithm 1, lines 5-8)
-        ranks = rank[: verified.shape[1]]
-        hit = torch.isin(verified, eos) & (ranks <= h[:, None])
-        first_eos = torch.where(hit.any(1), hit.int().argmax(1), verified.shape[1])
-        accepted = torch.minimum(torch.minimum(h + 1, first_eos + 1), max_new_tokens - done_count)
+        ranks, a = rank[: verified.shape[1]], h + 1
+        accepted = torch.minimum(a, max_new_tokens - done_count)
+        if eos_ids:  # tokens before the first accepted EOS (more than A when there is none)
+            cut = (torch.isin(verified, eos) & (ranks < a[:, None])).long()
+            before = (1 - cut).cumprod(1).sum(1)
+            accepted = torch.minimum(accepted, before + 1)
+            ended = before < a
+        else:
+            ended = torch.zeros_like(a, dtype=torch.bool)
         out.scatter_(1, done_count[:, None] + ranks, verified)
         done_count = done_count + accepted
-        finished = (first_eos <= h) | (done_count >= max_new_tokens)
-        sizes = [] if crop is None else [h.max() + 1, batch.valid.sum(1).max()]
-        host = torch.cat([accepted, finished.long(), *(x[None] for x in sizes)]).tolist()  # the round's one sync
+        host = torch.cat([accepted, ended.long()]).tolist()  # the round's one sync
         now, m = time.perf_counter(), len(rows)
-        if crop is not None:  # 4. columns no row kept go; compact once the holes pass the slack
-            widest, longest_row = host[2 * m :]
-            if widest < crop:
-                batch.cache.crop(widest - crop)
-                batch.valid = batch.valid[:, : batch.length - (crop - widest)]
-            if batch.length - longest_row > slack:
-                compact(batch)
-        stay = [i for i in range(m) if not host[m + i]]
+        stay = []
         for i, b in enumerate(rows):
-            stats[b].accepted_per_iteration.append(host[i])
-            if host[m + i]:
-                stats[b].new_tokens = int(done_count[i])
-                outputs[b] = torch.cat([prompts[b], out[i, : stats[b].new_tokens]])
+            got = host[i]
+            stats[b].accepted_per_iteration.append(got)
+            produced[i] += got
+            if host[m + i] or produced[i] >= max_new_tokens:
+                stats[b].new_tokens = produced[i]
+                outputs[b] = torch.cat([prompts[b], out[i, : produced[i]]])
                 stats[b].decoder_time_s = now - start
+            else:
+                stay.append(i)
+                held[i] += got if added else 0  # a continuing row keeps l and its h = A - 1 accepted drafts
         total.accepted_per_iteration.append(sum(host[:m]))
+        if added:  # 4. columns no staying row kept go; compact once the holes pass the slack
+            widest = max((host[i] for i in stay), default=0)
+            if widest < added:
+                batch.cache.crop(widest - added)
+                batch.valid = batch.valid[:, : batch.length - (added - widest)]
         if trace is not None:
             trace(batch, call)
         if not stay:
@@ -160,8 +169,10 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
             batch.cache.batch_select_indices(index)
             batch.valid, lengths, out, done_count, verified, h, draft, kappa = (
                 t[index] for t in (batch.valid, lengths, out, done_count, verified, h, draft, kappa))
-            rows = [rows[i] for i in stay]
+            rows, held, produced = [rows[i] for i in stay], [held[i] for i in stay], [produced[i] for i in stay]
             m = len(rows)
+        if batch.length - max(held) > slack:
+            compact(batch)
         # 3. one call at P's last position: [l | D, MASK-padded to W | l | MASK x W] (lines 3-4)
         last = verified.gather(1, h[:, None])
         pieces = [last]
@@ -180,8 +191,8 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
             draft = tokens[:, w + 1 :].gather(1, past.clamp(max=w - 1))
             kappa = w - 1 - h
         # the cache keeps l and the h accepted draft rows of each row (the rest are holes)
-        batch.valid = torch.cat([batch.valid, torch.arange(q, device=device)[None] < (h + 1)[:, None]], dim=1)
-        crop = q
+        batch.valid = torch.cat([batch.valid, columns < (h + 1)[:, None]], dim=1)
+        added = q
     _sync(device)
     total.decoder_time_s = time.perf_counter() - start
     total.new_tokens = sum(s.new_tokens for s in stats)
