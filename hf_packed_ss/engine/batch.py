@@ -97,14 +97,14 @@ class BatchCache:
             self.compact()
 
     def compact(self) -> None:
-        """Gather each row's slots into a cache as long as the longest row's, left-padded."""
-        size = max(len(r.slots) for r in self.rows)
-        device = self.valid.device
-        index = torch.tensor([[0] * (size - len(r.slots)) + r.slots for r in self.rows], dtype=torch.long,
-                             device=device)
-        gather_columns(self.cache, index)
-        self.valid = torch.arange(size, device=device)[None] >= torch.tensor(
-            [size - len(r.slots) for r in self.rows], device=device)[:, None]
+        """Gather each row's valid columns, in order, to the right of a cache as long as the longest row's
+        (left-padded); a row's slots are ascending, so its cache order is kept."""
+        counts = self.valid.sum(1)
+        size = int(counts.max())
+        # a stable sort puts each row's invalid columns first and keeps the order of the valid ones
+        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.length - size :]
+        gather_columns(self.cache, order)
+        self.valid = torch.arange(size, device=order.device)[None] >= (size - counts)[:, None]
         for r in self.rows:
             r.slots = list(range(size - len(r.slots), size))
         self.compactions += 1

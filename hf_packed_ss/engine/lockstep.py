@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from .acceptance import Greedy, greedy_tokens
-from .batch import BatchForward, gather_columns
+from .batch import BatchCache, BatchForward
 from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
 from .loop import _sync, new_stats
@@ -73,8 +73,6 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
                     max_new_tokens: int, eos_token_ids, pad_token_id: int, mask_token_id: int, slack: int,
                     trace=None) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode the batch in lockstep (see the module docstring). Returns what `decode_batch` returns."""
-    from .batch import BatchCache
-
     device, n = prompts[0].device, len(prompts)
     width, drafting = schedules[0].width, isinstance(schedules[0], PackedSSSchedule)
     stats = [new_stats(s) for s in schedules]
@@ -94,7 +92,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     offsets, template, kept, _ = _template(True, 1, w, w, proposals, 0, device)
     q = template.shape[0]
     rank, columns = torch.arange(w + 1, device=device), torch.arange(q, device=device)[None]
-    batch = BatchCache(n, slack, device)
+    batch = BatchCache(0, slack, device)  # the cache and its validity mask; no per-row slot lists here
     rows = list(range(n))  # the original index of each row still in the batch
     lengths = torch.tensor([p.numel() for p in prompts], device=device)
     out = torch.zeros(n, max_new_tokens + w + 1, dtype=torch.long, device=device)
@@ -172,7 +170,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
             rows, held, produced = [rows[i] for i in stay], [held[i] for i in stay], [produced[i] for i in stay]
             m = len(rows)
         if batch.length - max(held) > slack:
-            compact(batch)
+            batch.compact()
         # 3. one call at P's last position: [l | D, MASK-padded to W | l | MASK x W] (lines 3-4)
         last = verified.gather(1, h[:, None])
         pieces = [last]
@@ -197,13 +195,3 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     total.decoder_time_s = time.perf_counter() - start
     total.new_tokens = sum(s.new_tokens for s in stats)
     return outputs, total
-
-
-def compact(batch) -> None:
-    """Each row's valid columns, in order, gathered to the right of a cache as long as the longest row's."""
-    counts = batch.valid.sum(1)
-    size = int(counts.max())
-    order = torch.sort(batch.valid.to(torch.int8), dim=1, stable=True).indices[:, batch.length - size :]
-    gather_columns(batch.cache, order)  # a stable sort puts each row's invalid columns first, in order
-    batch.valid = torch.arange(size, device=order.device)[None] >= (size - counts)[:, None]
-    batch.compactions += 1
