@@ -92,6 +92,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     offsets, template, kept, _ = _template(True, 1, w, w, proposals, 0, device)
     q = template.shape[0]
     rank, columns = torch.arange(w + 1, device=device), torch.arange(q, device=device)[None]
+    ones = torch.ones(n, dtype=torch.long, device=device)
     batch = BatchCache(0, slack, device)  # the cache and its validity mask; no per-row slot lists here
     rows = list(range(n))  # the original index of each row still in the batch
     lengths = torch.tensor([p.numel() for p in prompts], device=device)
@@ -127,19 +128,22 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     added = 0  # columns the last call added to the cache
     while True:
         # 2. accept A = h + 1 tokens, cut at the first EOS and at the length limit (Algorithm 1, lines 5-8)
-        ranks, a = rank[: verified.shape[1]], h + 1
-        accepted = torch.minimum(a, max_new_tokens - done_count)
-        if eos_ids:  # tokens before the first accepted EOS (more than A when there is none)
-            cut = (torch.isin(verified, eos) & (ranks < a[:, None])).long()
-            before = (1 - cut).cumprod(1).sum(1)
-            accepted = torch.minimum(accepted, before + 1)
-            ended = before < a
+        ranks, m = rank[: verified.shape[1]], len(rows)
+        if verified.shape[1] == 1:  # AR, or the prompt call: one token, which an active row has room for
+            accepted = ones[:m]
+            ended = torch.isin(verified[:, 0], eos) if eos_ids else ones[:m] == 0
         else:
-            ended = torch.zeros_like(a, dtype=torch.bool)
+            a = h + 1
+            accepted = torch.minimum(a, max_new_tokens - done_count)
+            if eos_ids:  # tokens before the first accepted EOS (more than A when there is none)
+                cut = (torch.isin(verified, eos) & (ranks < a[:, None])).long()
+                before = (1 - cut).cumprod(1).sum(1)
+                accepted = torch.minimum(accepted, before + 1)
+            ended = before < a if eos_ids else a == 0
         out.scatter_(1, done_count[:, None] + ranks, verified)
         done_count = done_count + accepted
         host = torch.cat([accepted, ended.long()]).tolist()  # the round's one sync
-        now, m = time.perf_counter(), len(rows)
+        now = time.perf_counter()
         stay = []
         for i, b in enumerate(rows):
             got = host[i]
