@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from .contract import PackedCall
-from .loop import _sync, decoding, new_stats
+from .loop import _sync, decoding, new_stats, timed
 from .stats import DecodingStats
 
 # forward(call, cache) -> (batch, r, V) logits of the call's kept rows, for a call with a batch dimension
@@ -216,10 +216,7 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     batch.leave(active)
     while active:
         call, columns, reads = pack(calls, batch.valid, pad_token_id)
-        tic = time.perf_counter()
-        logits = forward(call, batch.cache)
-        _sync(logits.device)
-        spent = time.perf_counter() - tic
+        logits, spent = timed(forward, call, batch.cache)
         total.nfe += 1
         total.rows_per_call.append(call.input_ids.numel())
         total.model_time_s += spent

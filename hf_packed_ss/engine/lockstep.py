@@ -29,7 +29,7 @@ from .acceptance import Greedy, greedy_tokens
 from .batch import BatchCache, BatchForward
 from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
-from .loop import _sync, new_stats
+from .loop import _sync, new_stats, timed
 from .schedules import ARSchedule, PackedSSSchedule
 from .stats import DecodingStats
 
@@ -100,10 +100,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     done_count = torch.zeros(n, dtype=torch.long, device=device)  # accepted tokens per row (`left`)
 
     def call_model(call: PackedCall) -> torch.Tensor:
-        tic = time.perf_counter()
-        logits = forward(call, batch.cache)
-        _sync(logits.device)
-        spent = time.perf_counter() - tic
+        logits, spent = timed(forward, call, batch.cache)
         total.nfe += 1
         total.model_time_s += spent
         total.rows_per_call.append(call.input_ids.numel())

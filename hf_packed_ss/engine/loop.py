@@ -48,12 +48,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: DecodingStats) -> torch.Tensor:
-    """One counted, device-synchronised model call (NFE, rows, model time)."""
+def timed(forward, call: PackedCall, cache) -> tuple[torch.Tensor, float]:
+    """One device-synchronised model call: its logits and the seconds it took (model time)."""
     tic = time.perf_counter()
     logits = forward(call, cache)
     _sync(logits.device)
-    stats.model_time_s += time.perf_counter() - tic
+    return logits, time.perf_counter() - tic
+
+
+def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: DecodingStats) -> torch.Tensor:
+    """One counted, device-synchronised model call (NFE, rows, model time)."""
+    logits, spent = timed(forward, call, cache)
+    stats.model_time_s += spent
     stats.nfe += 1
     stats.rows_per_call.append(call.rows)
     return logits
@@ -260,10 +266,8 @@ def decode(
     try:
         call = next(steps)
         while True:
-            tic = time.perf_counter()
-            logits = forward(call, cache)
-            _sync(logits.device)
-            stats.model_time_s += time.perf_counter() - tic
+            logits, spent = timed(forward, call, cache)
+            stats.model_time_s += spent
             call = steps.send(logits)
     except StopIteration as done:
         sequence, stats = done.value
