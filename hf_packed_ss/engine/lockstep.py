@@ -14,8 +14,8 @@ anchored proposal block [l_b, MASK x W]):
 2. draft: D_b = the proposal rows past the A_b accepted ranks (W - 1 - h_b tokens);
 3. cache: l_b and the h_b accepted draft rows stay, the other columns are holes of row b (columns no row keeps
    are cropped; the cache is compacted as in `BatchCache`).
-The first call processes each prompt (left-aligned columns, its padding invisible) and, for Packed-SS, drafts a
-whole block unanchored from it (appendix E.2).
+The first call processes each prompt (left-padded; padding columns see only themselves) and, for Packed-SS,
+drafts a whole block unanchored from it (appendix E.2).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def eligible(schedules: Sequence, layouts: Sequence, processors, stop) -> bool:
     first = schedules[0]
     return (not processors and stop is None and type(first) in (ARSchedule, PackedSSSchedule)
             and all(type(s) is type(first) and s.width == first.width and type(s.acceptance) is Greedy
-                    and s.scores_order is False and s.context_length is None for s in schedules)
+                    and not s.scores_order and s.stop_at_eos and s.context_length is None for s in schedules)
             and all(type(layout) is ShiftedBlockLayout for layout in layouts))
 
 
