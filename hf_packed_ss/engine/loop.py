@@ -161,22 +161,13 @@ def stop_end(state: DecoderState, new, floor: int, stop) -> int:
     return state.end
 
 
-def decoding(
-    schedule,
-    layout,
-    prompt: torch.Tensor,
-    max_new_tokens: int,
-    eos_token_ids: Iterable[int] = (),
-    processors=None,
-    stop: Callable[[torch.Tensor], bool] | None = None,
-    streamer=None,
-    cache=None,
-    trace: Callable[[Step], None] | None = None,
-    stats: DecodingStats | None = None,
-) -> Steps:
+def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_token_ids: Iterable[int] = (),
+             processors=None, stop: Callable[[torch.Tensor], bool] | None = None, streamer=None, cache=None,
+             trace: Callable[[Step], None] | None = None, stats: DecodingStats | None = None) -> Steps:
     """The loop for one sequence, as a coroutine: yields each `PackedCall`, is sent its logits (the kept rows,
-    ``(r, V)``), returns (prompt + output as a 1D tensor, stats). `cache` is what the forward fills (a
-    DynamicCache, or a batch row's view of the batch's cache); the loop only crops it. Timing is the driver's."""
+    ``(r, V)``), returns (prompt + output as a 1D tensor, stats). The arguments are `decode`'s; `cache` is what
+    the forward fills (a DynamicCache, or a batch row's view of the batch's cache): the loop only crops it.
+    Timing is the driver's."""
     eos = frozenset(int(e) for e in eos_token_ids) if schedule.stop_at_eos else frozenset()
     if stats is None:
         stats = new_stats(schedule)
