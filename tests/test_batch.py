@@ -355,3 +355,51 @@ def test_sampled_batch_through_generate_is_reproducible(setdlm):
     b = setdlm.generate(ids, generator=torch.Generator().manual_seed(5), **kwargs)
     c = setdlm.generate(ids, generator=torch.Generator().manual_seed(6), **kwargs)
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("family,mode", [("nemotron", "packed_ss"), ("nemotron", "quadratic_ss"),
+                                         ("setdlm", "packed_ss"), ("setdlm", "linear_ss")])
+def test_stop_criteria_that_roll_back_cached_rows_keep_rows_exact(request, family, mode):
+    """A stop met inside an accepted block drops rows the row had cached (they leave its cache: older columns
+    become holes); every row still equals its batch-1 decode with the same stop, and the validity mask stays
+    exactly the row's cache."""
+    model = request.getfixturevalue(family)
+    prompts = _prompts(5, model.config.vocab_size, seed=21)
+    continuations = [reference_greedy(model, p, 30) for p in prompts]
+    markers = [c[7:9] for c in continuations[:3]]  # met by three rows mid-block (the oracle accepts long)
+
+    def stop(sequence: torch.Tensor) -> bool:
+        tail = sequence[-2:].tolist()
+        return any(tail == m for m in markers)
+
+    def trace(batch, call):
+        for i, r in enumerate(batch.rows):
+            assert batch.valid[i].nonzero().flatten().tolist() == sorted(r.slots)
+
+    with torch.no_grad():
+        got, _ = decode_batch(model_forward(model, batched=True), [schedule_for(model, mode, 6) for _ in prompts],
+                              _oracles(model, prompts, continuations, 9), prompts, 30, stop=stop, trace=trace)
+        alone = [decode(model_forward(model), schedule_for(model, mode, 6), layout, p, 30, stop=stop)[0]
+                 for p, layout in zip(prompts, _oracles(model, prompts, continuations, 9), strict=True)]
+    assert [g.tolist() for g in got] == [a.tolist() for a in alone]
+    assert sum(g.numel() - p.numel() < 30 for g, p in zip(got, prompts, strict=True)) >= 3
+
+
+@pytest.mark.parametrize("context", ["full", "sliding"])
+def test_native_batches_with_a_sliding_context(monkeypatch, context):
+    """SetDLM's native decoder in a batch, its sliding context (block_size 44) dropping each row's oldest cache
+    rows (holes on the left of that row), equals each prompt decoded alone."""
+    from hf_packed_ss.engine import RowCache
+
+    model = tiny_setdlm(3, block_size=44)
+    dropped = []
+    crop_left = RowCache.crop_left
+    monkeypatch.setattr(RowCache, "crop_left", lambda self, rows: dropped.append(rows) or crop_left(self, rows))
+    prompts = _prompts(4, model.config.vocab_size, seed=5)
+    ids, mask = _left_padded(prompts, pad=0)
+    options = dict(assistant_mode="native", max_new_tokens=24, native_context=context, speculative_width=4)
+    out = model.generate(ids, attention_mask=mask, **options)
+    assert bool(dropped) == (context == "sliding")
+    for b, p in enumerate(prompts):
+        alone = model.generate(p[None], **options)
+        assert out[b, ids.shape[1]:].tolist() == alone[0, p.numel():].tolist()

@@ -67,23 +67,26 @@ class BatchCache:
         return self.valid.shape[1]
 
     def commit(self, kept: list[int], added: int) -> None:
-        """After a call of `added` columns: row i keeps the first `kept[i]` of them (its cacheable rows); older
-        columns a row cropped (a roll-back, a sliding context) stop being valid; columns no row keeps go."""
+        """After a call of `added` columns: row i keeps at most the first `kept[i]` of them (its cacheable rows);
+        the columns a row cropped (its rejected rows, a roll-back, a sliding context) stop being valid; columns no
+        row keeps go."""
         device = self.valid.device
         new = torch.arange(added, device=device)[None] < torch.tensor(kept, device=device)[:, None]
-        old = self.length
         self.valid = torch.cat([self.valid, new], dim=1)
-        for i, row in enumerate(self.rows):
-            stale = [c for c in row.dropped if c < old]
-            if stale:
-                self.valid[i, stale] = False
-            row.dropped = []
+        self.drop()
         unused = added - max(kept, default=0)
         if unused:
             self.cache.crop(-unused)
             self.valid = self.valid[:, : self.length - unused]
         if self.length - max((len(r.slots) for r in self.rows), default=0) > self.slack:
             self.compact()
+
+    def drop(self) -> None:
+        """The columns rows cropped stop being valid."""
+        for i, row in enumerate(self.rows):
+            if row.dropped:
+                self.valid[i, row.dropped] = False
+                row.dropped = []
 
     def leave(self, keep: list[int]) -> None:
         """Only rows `keep` (indices into the current batch) stay."""
@@ -215,6 +218,7 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
             finish(b, done)
     batch.leave(active)
     while active:
+        batch.drop()  # what a row cropped before its call (a sliding context) is gone before the call
         call, columns, reads = pack(calls, batch.valid, pad_token_id)
         logits, spent = timed(forward, call, batch.cache)
         total.nfe += 1
@@ -223,7 +227,7 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
         old, accepted, kept, stay = batch.length, 0, [], []
         for i, b in enumerate(active):
             row, s = batch.rows[i], stats[b]
-            before, iterations = len(row.slots), len(s.accepted_per_iteration)
+            iterations = len(s.accepted_per_iteration)
             row.slots += [old + c for c in columns[i]]
             s.model_time_s += spent
             try:
@@ -232,7 +236,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
             except StopIteration as done:
                 finish(b, done)
             accepted += sum(s.accepted_per_iteration[iterations:])
-            kept.append(max(0, len(row.slots) - before))
+            # the call's columns the row still holds are a prefix of them, less any it dropped from the left
+            kept.append(row.slots[-1] - old + 1 if row.slots and row.slots[-1] >= old else 0)
         total.accepted_per_iteration.append(accepted)
         batch.commit(kept, call.rows)
         if trace is not None:

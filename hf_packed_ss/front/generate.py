@@ -143,9 +143,11 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
     # one schedule and one layout per sequence: they hold its draft and its mask buffer
     schedules = [schedule_class(width, acceptance, **extra) for _ in prompts]
-    # a batch lays out static shapes unless told otherwise: the rows a lean call leaves out are padding in the
-    # batched call anyway, and with one shape per row the batched call is a concatenation
-    static = options["static_shapes"] if options["static_shapes"] is not None else len(prompts) > 1
+    # a prefix-family batch lays out static shapes unless told otherwise: the rows a lean call leaves out are
+    # padding in the batched call anyway, and with one shape per row the batched call is a concatenation (a
+    # same-position call's shape depends on its draft either way, and its sliding context on its rows)
+    static = options["static_shapes"]
+    static = len(prompts) > 1 and not fam.any_order if static is None else static
     layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=static) for _ in prompts]
     # only a dict output returns the candidate generator, so only then is it made and told every verification
     wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
