@@ -185,9 +185,13 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
     while state.left <= state.end:
         # 1. ask: the schedule plans the call over the window, the layout lays it out
         plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
-        call = yield from fit_context(schedule, layout, plan, layout.build(plan, state), state, cache, stats)
+        call = layout.build(plan, state)
+        if limit is not None:
+            call = yield from fit_context(schedule, layout, plan, call, state, cache, stats)
         # 2. one model call
-        logits = yield from ask(call, stats)
+        stats.nfe += 1
+        stats.rows_per_call.append(call.rows)
+        logits = yield call
         # 3. verify and draft
         result = process(processors, call.read(logits), plan, state)
         verdict = schedule.advance(plan, result)
