@@ -453,7 +453,7 @@ def test_bench_batch_size_against_stock_batched_generate(tmp_path, capsys):
             v = r["vs_stock"]
             assert v["low"] <= v["value"] <= v["high"] and v["units"] == 2 // r["batch_size"] * 2
             assert r["same_tokens_as_stock"]  # greedy: every row's tokens are stock's
-    assert set(results["crossover"]) == {"ar", "packed_ss"} and results["probe"]["delta_s"] is not None
+    assert set(results["crossover"]) == {"packed_ss"} and results["probe"]["delta_s"] is not None
     records = results["records"]
     assert {len(r["tokens"]) for r in records if r["batch_size"] == 2} == {2}
     assert "| packed_ss | 2 |" in text and "stock overtakes" in text

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .measure import STOCK, CallMeter, Settings, schedule_mode, sync
+from .measure import REFERENCE, STOCK, CallMeter, Settings, schedule_mode, sync
 from .probe import fit, time_batched
 from .repeats import spread
 from .statistics import rotation
@@ -200,9 +200,9 @@ def run(model, tokenizer, inputs: list[torch.Tensor], schedules: list[str], batc
                                                  for n in [r["batch_size"]] if r["schedule"] != STOCK})
     latency = time_batched(model, shapes, context, iters=probe_iters)
     tau, delta, r2 = fit({b * n: t for (b, n), t in latency.items()})
-    crossings = {}
+    crossings = {}  # the speculative schedules' (AR makes stock's calls: nothing to trade)
     for s in schedules:
-        if s == STOCK:
+        if s in (STOCK, REFERENCE):
             continue
         one = next((r for r in rows if r["schedule"] == s and r["batch_size"] == 1), None)
         crossings[s] = {"measured": crossover(rows, s),
