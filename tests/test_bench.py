@@ -457,6 +457,14 @@ def test_bench_batch_size_against_stock_batched_generate(tmp_path, capsys):
     records = results["records"]
     assert {len(r["tokens"]) for r in records if r["batch_size"] == 2} == {2}
     assert "| packed_ss | 2 |" in text and "stock overtakes" in text
+    assert results["command"].startswith("hf-packed-ss bench --model tiny-nemotron-random --batch-size 2")
+    from hf_packed_ss.tools.bench.readme import update
+
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n")
+    update(readme, [out / "batched.json"])
+    written = readme.read_text()
+    assert "### tiny-nemotron-random — batches of 1, 2, 2 prompts" in written and "| packed_ss | 2 |" in written
     with pytest.raises(SystemExit, match="between 1 and"):
         cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "3", "--limit", "2",
                   "--out", str(out), "--no-progress"])

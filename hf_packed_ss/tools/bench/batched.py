@@ -186,9 +186,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(results: dict) -> str:
+    """The table, the probe's fit and the crossovers of a `batched.json`."""
+    probe, sizes = results["probe"], results["batch_sizes"]
+    lines = [table(results["rows"]), "", f"Probe: a call of r rows in all costs {probe['tau_s'] * 1e3:.3f} + "
+             f"{probe['delta_s'] * 1e3:.4f} r ms (R^2 = {probe['r2']:.3f}, {probe['context']} cached tokens)."]
+    for s, c in results["crossover"].items():
+        measured = f"batch {c['measured']}" if c["measured"] else f"not within batch {sizes[-1]}"
+        predicted = "never" if c["predicted"] is None else f"batch {c['predicted']:.1f}"
+        lines.append(f"{s}: stock overtakes at {measured} (measured); the probe predicts {predicted}.")
+    return "\n".join(lines)
+
+
 def run(model, tokenizer, inputs: list[torch.Tensor], schedules: list[str], batch_sizes: list[int],
-        settings: Settings, repeats: int, out: Path, seed: int = 0, probe_iters: int = 5) -> dict:
-    """Measure, summarise, probe, print and write `batched.json`; returns the results."""
+        settings: Settings, repeats: int, out: Path, seed: int = 0, probe_iters: int = 5, command: str = "",
+        environment: dict | None = None, name: str = "") -> dict:
+    """Measure, summarise, probe, print and write `batched.json` (with the `command` and `environment` that
+    produced it, for the README's results section); returns the results."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if STOCK not in schedules:
         schedules = [STOCK, *schedules]
@@ -208,18 +222,14 @@ def run(model, tokenizer, inputs: list[torch.Tensor], schedules: list[str], batc
         crossings[s] = {"measured": crossover(rows, s),
                         "predicted": None if one is None else predicted_crossover(
                             tau, delta, one["tokens_per_nfe"], one["rows_per_call"])}
-    results = {"schedules": schedules, "batch_sizes": sizes, "repeats": repeats, "settings": asdict(settings),
+    results = {"command": command, "environment": environment or {}, "prompts": len(inputs),
+               "model": name or getattr(model.config, "_name_or_path", ""),
+               "schedules": schedules, "batch_sizes": sizes, "repeats": repeats, "settings": asdict(settings),
                "device": str(model.device), "rows": rows, "crossover": crossings,
                "probe": {"tau_s": tau, "delta_s": delta, "r2": r2, "context": context,
                          "latency_s": {f"{b}x{n}": t for (b, n), t in latency.items()}},
                "records": [asdict(r) for r in records]}
-    print(table(rows))
-    print(f"\nProbe: a call of r rows in all costs {tau * 1e3:.3f} + {delta * 1e3:.4f} r ms (R^2 = {r2:.3f}, "
-          f"{context} cached tokens).")
-    for s, c in crossings.items():
-        measured = f"batch {c['measured']}" if c["measured"] else f"not within batch {sizes[-1]}"
-        predicted = "never" if c["predicted"] is None else f"batch {c['predicted']:.1f}"
-        print(f"{s}: stock overtakes at {measured} (measured); the probe predicts {predicted}.")
+    print(report(results))
     out.mkdir(parents=True, exist_ok=True)
     (out / "batched.json").write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out / 'batched.json'}")

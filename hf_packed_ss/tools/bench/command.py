@@ -179,7 +179,8 @@ def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, s
     }
 
 
-def batched_main(args, model, tokenizer, inputs, schedules: list[str], settings: Settings) -> int:
+def batched_main(args, model, tokenizer, inputs, schedules: list[str], settings: Settings,
+                 argv: list[str] | None = None) -> int:
     """`--batch-size`: the batched comparison (`batched.py`) instead of the per-prompt one."""
     from . import batched
 
@@ -189,8 +190,10 @@ def batched_main(args, model, tokenizer, inputs, schedules: list[str], settings:
     peers = [s for s in schedules if s in PEERS and s != STOCK]
     if peers:
         raise SystemExit(f"{peers} cannot decode a batch in stock generate: drop them with --batch-size.")
+    command = "hf-packed-ss bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     batched.run(model, tokenizer, inputs, [s for s in schedules if s != STOCK], args.batch_size, settings,
-                args.repeats, Path(args.out), args.seed)
+                args.repeats, Path(args.out), args.seed, command=command,
+                environment=report.environment(model.device, model.dtype, args.seed), name=args.model)
     return 0
 
 
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
                         args.prompt_lookup_tokens)
     if args.batch_size:
-        return batched_main(args, model, tokenizer, inputs, schedules, settings)
+        return batched_main(args, model, tokenizer, inputs, schedules, settings, argv)
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
                         progress=not args.no_progress)
     if m.interrupted:

@@ -3,7 +3,8 @@
     python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json --readme README.md
 
 replaces everything between the two marker comments with, per results file, the command that produced it,
-the machine, and the paired-ratio and absolute tables of its report; a `probe.json` beside a results file
+the machine, and the paired-ratio and absolute tables of its report (a `batched.json` of `bench --batch-size`:
+its batch table, probe fit and crossovers); a `probe.json` beside a results file
 (`hf-packed-ss probe --results R --json probe.json`) adds the fitted call cost tau + delta * rows and the
 throughput it predicts next to the measured one.
 """
@@ -49,12 +50,27 @@ def section(results: dict, probe: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def batched_section(results: dict) -> str:
+    """A `bench --batch-size` run (`batched.json`): its command, machine and tables."""
+    from .batched import report
+
+    env = results["environment"]
+    machine = (env.get("gpu") or {}).get("name") or f"{env.get('cpu')}, {env.get('cpu_count')} cores"
+    return "\n".join([f"### {results['model']} — batches of {', '.join(map(str, results['batch_sizes']))}, "
+                      f"{results['prompts']} prompts ({machine}, {env.get('dtype')}, {env.get('torch_threads')} "
+                      "torch thread(s))", "", "```bash", results["command"], "```", "", report(results), ""])
+
+
 def update(readme: Path, files: list[Path]) -> None:
     def probe(f: Path) -> dict | None:
         beside = Path(f).with_name("probe.json")
         return json.loads(beside.read_text()) if beside.is_file() else None
 
-    body = "\n".join(section(json.loads(Path(f).read_text()), probe(f)) for f in files)
+    def render(f: Path) -> str:
+        results = json.loads(Path(f).read_text())
+        return batched_section(results) if Path(f).name == "batched.json" else section(results, probe(f))
+
+    body = "\n".join(render(f) for f in files)
     text = readme.read_text()
     block = f"{START}\n{body}\n{END}"
     if START in text and END in text:
