@@ -9,4 +9,4 @@ for name in "$@"; do
     hf-packed-ss probe --results "docs/results/$name/results.json" --json "docs/results/$name/probe.json"
     python -m hf_packed_ss.bench.readme "docs/results/$name/results.json" --readme "model_cards/$name/README.md"
 done
-python -m hf_packed_ss.bench.readme docs/results/*/results.json --readme README.md  # every model benched so far
+python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme README.md  # every model benched so far
