@@ -30,11 +30,12 @@ BatchForward = Callable[[PackedCall, DynamicCache], torch.Tensor]
 
 class RowCache:
     """One row's view of the batch's cache: the physical columns that hold its cache, in order. The loop crops
-    it as it would crop a DynamicCache; the batch applies the crops to the validity mask after the round."""
+    it as it would crop a DynamicCache; the batch applies the crops to the validity mask after the round and,
+    for a crop made before a call (a sliding context), before the batched call."""
 
     def __init__(self):
         self.slots: list[int] = []
-        self.dropped: list[int] = []  # columns cropped since the last round
+        self.dropped: list[int] = []  # columns cropped and not yet masked
 
     def get_seq_length(self) -> int:
         return len(self.slots)
