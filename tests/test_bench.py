@@ -464,7 +464,7 @@ def test_bench_batch_size_against_stock_batched_generate(tmp_path, capsys):
     readme.write_text("intro\n")
     update(readme, [out / "batched.json"])
     written = readme.read_text()
-    assert "### tiny-nemotron-random — batches of 1, 2, 2 prompts" in written and "| packed_ss | 2 |" in written
+    assert "### tiny-nemotron-random — batches of 1, 2 over 2 prompts" in written and "| packed_ss | 2 |" in written
     with pytest.raises(SystemExit, match="between 1 and"):
         cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "3", "--limit", "2",
                   "--out", str(out), "--no-progress"])

@@ -56,9 +56,10 @@ def batched_section(results: dict) -> str:
 
     env = results["environment"]
     machine = (env.get("gpu") or {}).get("name") or f"{env.get('cpu')}, {env.get('cpu_count')} cores"
-    return "\n".join([f"### {results['model']} — batches of {', '.join(map(str, results['batch_sizes']))}, "
-                      f"{results['prompts']} prompts ({machine}, {env.get('dtype')}, {env.get('torch_threads')} "
-                      "torch thread(s))", "", "```bash", results["command"], "```", "", report(results), ""])
+    sizes = ", ".join(map(str, results["batch_sizes"]))
+    return "\n".join([f"### {results['model']} — batches of {sizes} over {results['prompts']} prompts ({machine}, "
+                      f"{env.get('dtype')}, {env.get('torch_threads')} torch thread(s))", "", "```bash",
+                      results["command"], "```", "", report(results), ""])
 
 
 def update(readme: Path, files: list[Path]) -> None:
