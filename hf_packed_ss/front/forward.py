@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import time
+import types
+
 import torch
+from torch._dynamo.utils import counters
 
 from ..engine import Forward
+from ..engine.static import SlotCache, cache_mask, pad_call, slot_mask
 from ..modeling import cache_keyword
 from ..models.lora import proposal_rows
 
@@ -29,3 +35,74 @@ def model_forward(model: torch.nn.Module, batched: bool = False) -> Forward:
         return out.logits if batched else out.logits[0]
 
     return forward
+
+
+_GRAPHS = counters["stats"]  # dynamo's own count of the graphs it compiled
+
+
+def _step(model, cache_kw: dict, input_ids, position_ids, template, cache: SlotCache) -> torch.Tensor:
+    """One call of a constant number of rows written at the cache's position; its mask is derived in the graph."""
+    mask = slot_mask(template, cache.position, cache.columns)
+    mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
+    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                 **dict.fromkeys(cache_kw, cache)).logits
+
+
+def _own_code(fn):
+    """`fn` with a copy of its code object."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+class StaticForward:
+    """The forward over a `SlotCache`: every call after the prompt's, padded to `rows` rows, runs one compiled
+    graph (`compile_kwargs`: `torch.compile`'s, None to run it eagerly); the prompt's call, and any call larger
+    than `rows`, run eagerly over the same cache. `compile_time_s` is the time of the calls that compiled."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, compile_kwargs: dict | None, batched: bool = False):
+        self.model, self.rows, self.batched = model, rows, batched
+        self.mask_token_id = model.config.mask_token_id
+        self.cache_kw = cache_keyword(model)
+        # a code object of its own: dynamo keeps graphs, guards and its recompile limit per code object
+        step = functools.partial(_own_code(_step), model, {self.cache_kw: None})
+        self.graph = None if compile_kwargs is None else torch.compile(step, **compile_kwargs)
+        self.compiled_calls = 0
+        self.compile_time_s = 0.0
+
+    def __call__(self, call, cache: SlotCache) -> torch.Tensor:
+        q = call.rows
+        graph = self.graph is not None and cache.length > 0 and q <= self.rows and call.new_rows_mask is not None
+        cache.begin_call(self.rows if graph else q)
+        if graph:
+            ids, positions, template = pad_call(call, self.rows, self.mask_token_id)
+            graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
+            with proposal_rows(self.model, call.proposal_start, rows=self.rows):
+                logits = self.graph(ids, positions, template, cache)[:, call.logit_rows]
+            if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
+                self.compile_time_s += time.perf_counter() - tic
+            self.compiled_calls += 1
+        else:
+            with proposal_rows(self.model, call.proposal_start):
+                logits = self.model(input_ids=call.input_ids, position_ids=call.position_ids,
+                                    attention_mask=cache_mask(call, cache.capacity), use_cache=True,
+                                    logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
+        cache.end_call(q)
+        return logits if self.batched else logits[0]
+
+
+def static_forward(model: torch.nn.Module, rows: int, capacity: int, compile_kwargs: dict | None,
+                   batch: int = 1) -> tuple[StaticForward, SlotCache]:
+    """The model's `StaticForward` for calls of `rows` rows and a `SlotCache` of at least `capacity` slots, both
+    kept on the model, as `generate` keeps its static cache: a later decode that fits reuses them, so its calls
+    run the graph already compiled (a larger cache is a new graph)."""
+    kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
+    key = (rows, batch, repr(sorted((compile_kwargs or {}).items())) if compile_kwargs is not None else None)
+    forward, cache = kept.get(key, (None, None))
+    if forward is None:
+        forward = StaticForward(model, rows, compile_kwargs, batched=batch > 1)
+    if cache is None or cache.capacity < capacity:  # rounded up: nearby lengths share the cache and its graph
+        capacity = -(-capacity // 128) * 128
+        layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        cache = SlotCache(layers, capacity, model.device, batch)
+    cache.reset()
+    kept[key] = forward, cache
+    return forward, cache

@@ -11,14 +11,15 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import CompileConfig, GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
+from ..engine.static import steady_rows
 from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
 from .families import family
-from .forward import model_forward
+from .forward import model_forward, static_forward
 from .stopping import StopSequenceCriteria, stopping
 from .validation import _reject, validate
 
@@ -147,13 +148,18 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     # padding in the batched call anyway, and with one shape per row the batched call is a concatenation (a
     # same-position call's shape depends on its draft either way, and its sliding context on its rows)
     static = options["static_shapes"]
-    static = len(prompts) > 1 and not fam.any_order if static is None else static
+    if static is None:  # a static cache pads every call to one shape anyway: lay out the static shapes
+        static = config.cache_implementation == "static" or (len(prompts) > 1 and not fam.any_order)
     layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=static) for _ in prompts]
     # only a dict output returns the candidate generator, so only then is it made and told every verification
     wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
     with torch.inference_mode(), proposal_only_adapters(decoder):
-        if len(prompts) == 1:
+        if config.cache_implementation == "static":
+            outputs, stats = decode_static(decoder, config, schedules, layouts, prompts, max(0, max_new), eos,
+                                           processors, stop, hooks.get("streamer"),
+                                           None if candidates is None else candidates.observe)
+        elif len(prompts) == 1:
             sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
                                      eos, processors, stop, hooks.get("streamer"),
                                      trace=None if candidates is None else candidates.observe)
@@ -167,6 +173,53 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     if config.return_dict_in_generate:
         return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)
     return sequences
+
+
+def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts, max_new: int, eos, processors,
+                  stop, streamer, trace) -> tuple[list[torch.Tensor], DecodingStats]:
+    """`cache_implementation="static"`: each sequence through the model's `StaticForward` (one graph for every
+    call after the prompt's, compiled by `compile_options`) over a `SlotCache` sized for the longest, kept on
+    the model for later calls. The rows of a batch run one after another through that graph."""
+    rows = steady_rows(schedules[0], layouts[0])
+    capacity = max(config.max_cache_len or 0, max(p.numel() for p in prompts) + max_new + 2 * rows)
+    forward, cache = static_forward(decoder, rows, capacity, compile_options(config, decoder.device))
+    outputs, per_row = [], []
+    for schedule, layout, prompt in zip(schedules, layouts, prompts, strict=True):
+        compiled = forward.compile_time_s
+        cache.reset()
+        sequence, stats = decode(forward, schedule, layout, prompt, max_new, eos, processors, stop, streamer,
+                                 cache=cache, trace=trace)
+        stats.compile_time_s = forward.compile_time_s - compiled
+        outputs.append(sequence)
+        per_row.append(stats)
+    if len(per_row) == 1:
+        return outputs, per_row[0]
+    total = DecodingStats(schedule=per_row[0].schedule, width=per_row[0].width, per_row=per_row,
+                          speculative_branches=per_row[0].speculative_branches)
+    for stats in per_row:
+        total.nfe += stats.nfe
+        total.new_tokens += stats.new_tokens
+        total.rows_per_call += stats.rows_per_call
+        total.accepted_per_iteration += stats.accepted_per_iteration
+        total.model_time_s += stats.model_time_s
+        total.decoder_time_s += stats.decoder_time_s
+        total.compile_time_s += stats.compile_time_s
+    return outputs, total
+
+
+def compile_options(config: GenerationConfig, device: torch.device) -> dict | None:
+    """`torch.compile` kwargs for a static-cache decode, by stock `generate`'s rule: compiled unless
+    `disable_compile`, by default on accelerators only, anywhere when a `compile_config` is passed (stock also
+    needs its private `_compile_all_devices` on the CPU; passing a config is asking for it). None: run eagerly."""
+    compile_config = config.compile_config
+    if config.disable_compile or (compile_config is None and device.type == "cpu"):
+        return None
+    compile_config = compile_config or CompileConfig()
+    # the fields as set (`to_dict` deep-copies them: a backend callable would be a new backend every call)
+    kwargs = {k: v for k, v in vars(compile_config).items() if k != "_compile_all_devices"}
+    if kwargs.get("options") is not None or kwargs.get("backend") != "inductor":
+        kwargs.pop("mode", None)  # torch.compile takes a mode or options, and a mode only for inductor
+    return kwargs
 
 
 def padded(input_ids: torch.Tensor, prompts: list[torch.Tensor], outputs: list[torch.Tensor], pad: int

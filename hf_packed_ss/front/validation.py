@@ -125,9 +125,9 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         "assistant_mode, so drop assistant_model (or drop assistant_mode for stock assisted decoding).",
     )
     _reject(
-        config.cache_implementation not in (None, "dynamic"),
-        f"cache_implementation={config.cache_implementation!r} is not supported with assistant_mode: the decoder "
-        "crops a DynamicCache after every call; leave cache_implementation unset.",
+        config.cache_implementation not in (None, "dynamic", "static"),
+        f"cache_implementation={config.cache_implementation!r} is not supported with assistant_mode: use 'dynamic' "
+        "(the default) or 'static' (fixed slots, one compiled graph with compile_config).",
     )
     _reject(
         config.stop_strings is not None and hooks.get("tokenizer") is None,

@@ -26,16 +26,26 @@ def _lora_layers(model: nn.Module) -> list[nn.Module]:
 
 
 class _RowGate:
-    """Where the current call's proposal rows start (None: no row gets the update)."""
+    """Where the current call's proposal rows start (None: no row gets the update), or, for a compiled call of a
+    constant number of rows, which rows are proposal rows (`rows`, a bool tensor: a graph input, where a changing
+    `start` would be a new graph)."""
 
     def __init__(self):
         self.start: int | None = None
+        self.rows: torch.Tensor | None = None
 
     def linear_forward(self, layer: nn.Module):
         """A PEFT LoRA `Linear.forward` that adds the update to rows `start:` only."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             result = layer.base_layer(x, *args, **kwargs)
+            if self.rows is not None and not layer.disable_adapters:  # every row computed, proposal rows kept
+                gate = self.rows[:, None].to(result.dtype)
+                for name in layer.active_adapters:
+                    if name in layer.lora_A:
+                        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+                        result = result + F.linear(F.linear(x.to(a.dtype), a), b) * (layer.scaling[name] * gate)
+                return result
             start = self.start
             if start is None or start >= x.shape[-2] or layer.disable_adapters:
                 return result
@@ -59,6 +69,9 @@ class _MaskEmbeddingGate:
 
     def __call__(self, module, inputs, output):
         start, ids = self.gate.start, inputs[0]
+        if self.gate.rows is not None:
+            where = (ids == self.embedding.token_id) & self.gate.rows
+            return output + where[..., None].to(output.dtype) * self.embedding.delta.to(output.dtype)
         if start is None or start >= ids.shape[-1]:
             return output
         where = (ids == self.embedding.token_id) & (torch.arange(ids.shape[-1], device=ids.device) >= start)
@@ -112,14 +125,18 @@ def proposal_only_adapters(model: nn.Module):
 
 
 @contextmanager
-def proposal_rows(model: nn.Module, start: int):
-    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward."""
+def proposal_rows(model: nn.Module, start: int, rows: int | None = None):
+    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward; with `rows`
+    (a compiled call's constant row count) as a bool tensor over them instead."""
     gate = getattr(model, "_hf_packed_ss_gate", None)
     if gate is None:
         yield
         return
-    gate.start = start
+    if rows is None:
+        gate.start = start
+    else:
+        gate.rows = torch.arange(rows, device=model.device) >= start
     try:
         yield
     finally:
-        gate.start = None
+        gate.start, gate.rows = None, None

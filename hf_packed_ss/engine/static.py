@@ -1,0 +1,165 @@
+"""Static shapes for compiled calls: a KV cache of fixed slots and calls of one constant number of rows, so one
+compiled graph serves every call of a decode after the prompt's (and every later decode that fits the cache).
+
+Why it stays exact: a call of q rows is padded to the decode's `rows` Q with MASK rows that see only
+themselves and are never read; its new rows are written at slots ``length .. length + Q - 1`` and every row sees
+the slots below `length` (the cache) plus the call's own template. Committing or rolling back the cache only
+moves `length` (the loop's `crop`): the slots above it stay in memory, masked, and the next call overwrites
+them. The mask is derived from the slot position inside the graph (`slot_mask`), so nothing the size of the
+cache is built per call; acceptance stays outside the graph.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from .acceptance import Greedy
+from .contract import PackedCall
+
+
+class SlotLayer(StaticLayer):
+    """A static layer that writes a call's rows at the cache's `position` (a device scalar shared by every
+    layer) instead of its own running count, so moving the cache back is one host-side number."""
+
+    def __init__(self, capacity: int, position: torch.Tensor):
+        super().__init__(capacity)
+        self.position = position
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = self.position + torch.arange(key_states.shape[-2], device=key_states.device)
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError("A SlotCache knows its length: ask the cache.")
+
+
+class SlotCache(Cache):
+    """`capacity` slots per layer for `batch` sequences; `length` (host) is the number of slots holding the cache.
+
+    The loop sees a transformers cache: `crop(-n)` drops the n newest rows, `crop_left(n)` the n oldest (a
+    sliding context: the kept slots move down, a copy per layer), `get_seq_length()` is `length`."""
+
+    is_compileable = True
+
+    def __init__(self, layers: int, capacity: int, device: torch.device | str, batch: int = 1):
+        self.position = torch.zeros((), dtype=torch.long, device=device)  # where the next call writes
+        super().__init__(layers=[SlotLayer(capacity, self.position) for _ in range(layers)])
+        self.capacity, self.batch, self.length = capacity, batch, 0
+        self.columns = torch.arange(capacity, device=device)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.capacity
+
+    def fits(self, rows: int) -> None:
+        """Raise before a call of `rows` new rows would write past the last slot."""
+        if self.length + rows > self.capacity:
+            raise ValueError(f"The static cache holds {self.capacity} rows; this call needs {self.length + rows}. "
+                             "Raise max_cache_len (generate(..., max_cache_len=N)) or lower max_new_tokens.")
+
+    def begin_call(self, rows: int) -> None:
+        """Point the write position at the end of the cache before a call of `rows` rows."""
+        self.fits(rows)
+        self.position.fill_(self.length)
+
+    def end_call(self, rows: int) -> None:
+        """The call's first `rows` rows are now the cache's newest (its padding rows lie past `length`)."""
+        self.length += rows
+
+    def crop(self, rows: int) -> None:
+        """transformers' `crop`: a negative count drops that many of the newest rows (their slots stay, masked)."""
+        if rows < 0:
+            self.length = max(0, self.length + rows)
+
+    def crop_left(self, rows: int) -> None:
+        """Drop the `rows` oldest rows: the rest move down to slot 0 (in place, so compiled graphs keep their
+        buffers)."""
+        keep = self.length - rows
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[:, :, :keep] = layer.keys[:, :, rows : self.length].clone()
+                layer.values[:, :, :keep] = layer.values[:, :, rows : self.length].clone()
+        self.length = keep
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def slot_mask(template: torch.Tensor, position: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """The ``(Q, capacity)`` mask of a call written at slot `position`: every row sees the slots below it (the
+    cache) and, at the call's own slots, the ``(Q, Q)`` new-rows `template`; slots past them are unused. Built
+    from device tensors only (inside a compiled graph: no host number, no recompile)."""
+    q = template.shape[-1]
+    offset = columns - position
+    block = template[..., offset.clamp(0, q - 1)]
+    return (offset < 0) | ((offset < q) & block)
+
+
+def pad_call(call: PackedCall, rows: int, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, position ids, new-rows template) of `call` padded to `rows` rows: MASK rows at the last
+    position, each seeing only itself."""
+    q = call.rows
+    template = call.new_rows_mask
+    if q == rows:
+        return call.input_ids, call.position_ids, template
+    extra = rows - q
+    batch = call.input_ids.shape[0]
+    ids = torch.cat([call.input_ids, call.input_ids.new_full((batch, extra), mask_token_id)], dim=1)
+    positions = torch.cat([call.position_ids, call.position_ids[:, -1:].expand(batch, extra)], dim=1)
+    padded = torch.eye(rows, dtype=torch.bool, device=template.device)
+    padded[:q, :q] = template
+    return ids, positions, padded
+
+
+def cache_mask(call: PackedCall, capacity: int) -> torch.Tensor:
+    """The call's own 4D mask widened to every slot of a static cache (the slots past its rows masked): for the
+    calls that run eagerly (the prompt's)."""
+    mask = call.attention_mask
+    return torch.nn.functional.pad(mask, (0, capacity - mask.shape[-1]))
+
+
+def steady_rows(schedule, layout) -> int:
+    """The largest call after the prompt's that `schedule` makes on `layout`: the rows every compiled call is
+    padded to. Read from the engine itself, with no model: copies of the schedule are driven through the real
+    loop by logits that reject every draft token and by logits that accept them all (`model_free_calls`); the
+    native decoder's largest call (every position committed) comes from the second."""
+    width = max(getattr(schedule, "width", 1), 1)
+    return max(max(rows for rows, _ in model_free_calls(schedule, layout, accept, 4 * width + 8)[1:])
+               for accept in (False, True))
+
+
+# A model-free stand-in for the model when a schedule is driven through its real layout: vocabulary 3, MASK = 2.
+# Proposal rows predict token 0 confidently; verifier rows predict 1 (every draft token rejected) or 0 (accepted).
+_VOCAB, _MASK = 3, 2
+
+
+def _model_free_logits(call: PackedCall, accept: bool) -> torch.Tensor:
+    logits = torch.zeros(call.logit_rows.numel(), _VOCAB)
+    logits[:, 0] = 20.0
+    if call.verifier_rows is not None:
+        logits[call.verifier_rows] = torch.tensor([20.0, 0.0, 0.0] if accept else [0.0, 20.0, 0.0])
+    return logits
+
+
+def model_free_calls(schedule, layout, accept: bool, new_tokens: int) -> list[tuple[int, bool]]:
+    """(rows, verifies) of every call of a decode of `new_tokens` tokens after a two-token prompt, driven by
+    model-free logits under which every draft token is rejected (`accept` False: h = 0, what a random drafter gives
+    nearly always) or accepted. `schedule` and `layout` are copied (greedy, vocabulary 3), never run."""
+    from .loop import decode
+
+    probe = copy.copy(schedule)
+    probe.acceptance = Greedy()
+    calls: list[tuple[int, bool]] = []
+    decode(lambda call, cache: _model_free_logits(call, accept), probe, type(layout)(_MASK, layout.static_shapes),
+           torch.zeros(2, dtype=torch.long), new_tokens,
+           trace=lambda step: calls.append((step.call.rows, step.plan.verify)))
+    return calls
