@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 import types
 
@@ -40,17 +39,18 @@ def model_forward(model: torch.nn.Module, batched: bool = False) -> Forward:
 _GRAPHS = counters["stats"]  # dynamo's own count of the graphs it compiled
 
 
-def _step(model, cache_kw: dict, input_ids, position_ids, template, cache: SlotCache) -> torch.Tensor:
-    """One call of a constant number of rows written at the cache's position; its mask is derived in the graph."""
-    mask = slot_mask(template, cache.position, cache.columns)
-    mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
-    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                 **dict.fromkeys(cache_kw, cache)).logits
+def _step(model: torch.nn.Module, cache_kw: str):
+    """The compiled function: one call of a constant number of rows written at the cache's position, its mask
+    derived in the graph. Its code object is its own: dynamo keeps graphs, guards and its recompile limit per
+    code object, and every `StaticForward` compiles one graph of its own shape."""
 
+    def step(input_ids, position_ids, template, cache: SlotCache) -> torch.Tensor:
+        mask = slot_mask(template, cache.position, cache.columns)
+        mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
+        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                     **{cache_kw: cache}).logits
 
-def _own_code(fn):
-    """`fn` with a copy of its code object."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
 
 
 class StaticForward:
@@ -62,9 +62,7 @@ class StaticForward:
         self.model, self.rows, self.batched = model, rows, batched
         self.mask_token_id = model.config.mask_token_id
         self.cache_kw = cache_keyword(model)
-        # a code object of its own: dynamo keeps graphs, guards and its recompile limit per code object
-        step = functools.partial(_own_code(_step), model, {self.cache_kw: None})
-        self.graph = None if compile_kwargs is None else torch.compile(step, **compile_kwargs)
+        self.graph = None if compile_kwargs is None else torch.compile(_step(model, self.cache_kw), **compile_kwargs)
         self.compiled_calls = 0
         self.compile_time_s = 0.0
 
