@@ -260,10 +260,12 @@ def decode(
                      trace, stats)
     try:
         call = next(steps)
+        logits, stats.prompt_time_s = timed(forward, call, cache)
+        stats.model_time_s += stats.prompt_time_s
         while True:
+            call = steps.send(logits)
             logits, spent = timed(forward, call, cache)
             stats.model_time_s += spent
-            call = steps.send(logits)
     except StopIteration as done:
         sequence, stats = done.value
     _sync(device)

@@ -18,6 +18,7 @@ class DecodingStats:
             iteration is its drafting call plus its verification call).
         model_time_s: wall time inside model forward calls (device-synchronised).
         decoder_time_s: wall time of the whole decode, prefill included, loading and tokenisation excluded.
+        prompt_time_s: model time of the first call (the prompt's).
         compile_time_s: wall time of the calls that compiled a graph (a static-cache decode with compile), part
             of `model_time_s` and `decoder_time_s`; 0 when nothing was compiled.
         speculative_branches: hybrid_ss's k (None for every other schedule).
@@ -34,6 +35,7 @@ class DecodingStats:
     accepted_per_iteration: list[int] = field(default_factory=list)
     model_time_s: float = 0.0
     decoder_time_s: float = 0.0
+    prompt_time_s: float = 0.0
     compile_time_s: float = 0.0
     speculative_branches: int | None = None
     per_row: list[DecodingStats] = field(default_factory=list)

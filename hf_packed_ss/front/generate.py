@@ -217,6 +217,8 @@ def compile_options(config: GenerationConfig, device: torch.device) -> dict | No
     compile_config = compile_config or CompileConfig()
     # the fields as set (`to_dict` deep-copies them: a backend callable would be a new backend every call)
     kwargs = {k: v for k, v in vars(compile_config).items() if k != "_compile_all_devices"}
+    if kwargs.get("dynamic") is None:  # every shape is static by design; automatic dynamic shapes would key on
+        kwargs["dynamic"] = False  # the step's name and mark a later decode's other row count dynamic
     if kwargs.get("options") is not None or kwargs.get("backend") != "inductor":
         kwargs.pop("mode", None)  # torch.compile takes a mode or options, and a mode only for inductor
     return kwargs

@@ -24,6 +24,12 @@ from .suites import Prompt
 
 STOCK, PROMPT_LOOKUP = "stock", "prompt_lookup"
 PEERS = (STOCK, PROMPT_LOOKUP)
+COMPILED = "+compile"  # a schedule name's suffix: the same decode with a static cache and compiled calls
+
+
+def compiled_variant(name: str) -> tuple[str, bool]:
+    """``packed_ss+compile`` -> (``packed_ss``, True); any other name -> (name, False)."""
+    return (name.removesuffix(COMPILED), True) if name.endswith(COMPILED) else (name, False)
 # The schedule every tool compares with: the exactness reference (tokens must equal its) and the speed-up's base.
 REFERENCE = ARSchedule.name
 BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
@@ -66,6 +72,17 @@ class Settings:
     top_k: int = 0
     top_p: float = 1.0
     prompt_lookup_tokens: int = 10
+    compile_mode: str | None = None  # `torch.compile` mode of the `+compile` variants (None: CompileConfig's)
+    max_cache_len: int | None = None  # static cache slots of the `+compile` variants (one size: no recompiles)
+
+    def compiled(self) -> dict:
+        """`generate` options of a `+compile` variant, the same for our schedules and stock: a static cache of
+        one size for the whole suite and a `CompileConfig` (stock on the CPU also needs `_compile_all_devices`)."""
+        from transformers import CompileConfig
+
+        config = CompileConfig() if self.compile_mode is None else CompileConfig(mode=self.compile_mode)
+        config._compile_all_devices = True
+        return {"cache_implementation": "static", "compile_config": config, "max_cache_len": self.max_cache_len}
 
     @property
     def greedy(self) -> bool:
@@ -128,9 +145,11 @@ class StepSizes(BaseStreamer):
         pass
 
 
-def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings) -> dict:
+def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings, compiled: bool = False) -> dict:
     """One of our schedules (a `schedule_mode` name); its statistics come from the Runner."""
     mode, extra = schedule_mode(mode)
+    if compiled:
+        extra |= settings.compiled()
     drafts = mode not in WINDOW_SCHEDULES or WINDOW_SCHEDULES[mode].speculative  # AR takes no width
     sync(ids.device)
     start = time.perf_counter()
@@ -142,17 +161,30 @@ def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings) -> dict
     stats = out.decoding_stats
     return dict(width=stats.width, new_tokens=stats.new_tokens, nfe=stats.nfe, decoder_time_s=stats.decoder_time_s,
                 generate_wall_s=wall, model_time_s=stats.model_time_s, rows_per_call=list(stats.rows_per_call),
-                accepted_per_iteration=list(stats.accepted_per_iteration),
-                tokens=out.sequences[0, ids.shape[1]:].tolist())
+                accepted_per_iteration=list(stats.accepted_per_iteration), compile_time_s=stats.compile_time_s,
+                prompt_time_s=stats.prompt_time_s, tokens=out.sequences[0, ids.shape[1]:].tolist())
 
 
-def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0) -> dict:
-    """Stock `generate` (`lookup` = 0) or stock prompt-lookup decoding with `lookup` draft tokens."""
+def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, compiled: bool = False) -> dict:
+    """Stock `generate` (`lookup` = 0) or stock prompt-lookup decoding with `lookup` draft tokens; `compiled`:
+    with a static cache and its own compile. A compiled forward runs without the forward hooks (they would be
+    traced into its graph): its calls are the streamer's steps plus the prefill, its time the whole decode."""
     steps = StepSizes()
     kwargs = dict(assistant_mode=None, max_new_tokens=settings.max_new_tokens, streamer=steps,
                   attention_mask=torch.ones_like(ids), **settings.sampling())
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = lookup
+    if compiled:
+        kwargs |= settings.compiled()
+        sync(ids.device)
+        start = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        sync(ids.device)
+        wall = time.perf_counter() - start
+        new = out[0, ids.shape[1]:]
+        return dict(width=lookup, new_tokens=int(new.numel()), nfe=len(steps.sizes), decoder_time_s=wall,
+                    generate_wall_s=wall, model_time_s=0.0, rows_per_call=[], accepted_per_iteration=steps.sizes[1:],
+                    tokens=new.tolist())
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT calls the base's forward
     with CallMeter(inner) as meter:
         sync(ids.device)
@@ -171,11 +203,12 @@ def decoder_for(model, settings: Settings) -> Decode:
     """Dispatch a bench schedule name to the call that measures it."""
 
     def decode(schedule: str, ids: torch.Tensor) -> dict:
+        schedule, compiled = compiled_variant(schedule)
         if schedule == STOCK:
-            return decode_stock(model, ids, settings)
+            return decode_stock(model, ids, settings, compiled=compiled)
         if schedule == PROMPT_LOOKUP:
-            return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens)
-        return decode_ours(model, ids, schedule, settings)
+            return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens, compiled=compiled)
+        return decode_ours(model, ids, schedule, settings, compiled)
 
     return decode
 

@@ -72,6 +72,48 @@ def time_batched(model, shapes: list[tuple[int, int]], context: int = 128, iters
     return {shape: stats.median(t) for shape, t in times.items()}
 
 
+def time_compiled(model, rows: list[int], capacity: int, compile_kwargs: dict, context: int = 128,
+                  iters: int = 20, warmup: int = 3, seed: int = 0) -> dict[int, float]:
+    """Median seconds of one bare compiled forward of n new rows, per n: the model alone over transformers'
+    `StaticCache` of `capacity` slots holding a `context`-token prompt, a plain causal 4D mask built once, the
+    cache moved back after each call. The floor a compiled packed call of n rows is held to."""
+    from transformers import StaticCache
+
+    decoder = getattr(model, "_hf_packed_ss_twin", model)
+    device, cache_kw = decoder.device, cache_keyword(decoder)
+    g = torch.Generator().manual_seed(seed)
+    vocab = decoder.config.vocab_size
+    cache = StaticCache(config=decoder.config, max_cache_len=capacity)
+    columns = torch.arange(capacity, device=device)
+
+    def causal(start: int, n: int) -> torch.Tensor:
+        return (columns[None] <= torch.arange(start, start + n, device=device)[:, None])[None, None]
+
+    def forward(input_ids, position_ids, attention_mask):
+        return decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
+                       **{cache_kw: cache}).logits
+
+    graph = torch.compile(forward, **compile_kwargs)
+    out = {}
+    with torch.inference_mode():
+        prompt = torch.randint(vocab, (1, context), generator=g).to(device)
+        forward(prompt, torch.arange(context, device=device)[None], causal(0, context))
+        for n in rows:
+            inputs = (torch.randint(vocab, (1, n), generator=g).to(device),
+                      torch.arange(context, context + n, device=device)[None], causal(context, n))
+            times = []
+            for i in range(warmup + iters):
+                sync(device)
+                tic = time.perf_counter()
+                graph(*inputs)
+                sync(device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - tic)
+                cache.crop(-n)  # back to the prompt: the static layers move their position back
+            out[n] = stats.median(times)
+    return out
+
+
 def fit(latency: dict[int, float]) -> tuple[float, float, float]:
     """Least squares latency = tau + delta * n; returns (tau, delta, R^2)."""
     n = np.array(list(latency), dtype=float)

@@ -18,6 +18,8 @@ class Record:
         generate_wall_s: wall time of the whole `generate` call (also its argument checks and set-up).
         model_time_s: time inside model forward calls; non_model_time_s = decoder_time_s - model_time_s.
         rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration.
+        compile_time_s: time of the calls that compiled a graph (ours, `+compile`); prompt_time_s: the prompt
+            call's model time (ours), so the later calls' cost is (decoder_time_s - prompt_time_s) / (nfe - 1).
         tokens: the generated ids (kept in memory for the `ar` comparison, not written out).
         text, correct, differs_from_ar: filled after timing (detokenised output, grade, greedy identity).
         error: why the call failed (then the numbers are zero).
@@ -36,6 +38,8 @@ class Record:
     model_time_s: float = 0.0
     rows_per_call: list[int] = field(default_factory=list)
     accepted_per_iteration: list[int] = field(default_factory=list)
+    compile_time_s: float = 0.0
+    prompt_time_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
     text: str | None = None
     correct: bool | None = None
