@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache
 
 from hf_packed_ss.engine import SCHEDULES, WINDOW_SCHEDULES, Greedy, SamePositionLayout, ShiftedBlockLayout
-from hf_packed_ss.engine.static import SlotCache, pad_call, slot_mask, steady_rows
+from hf_packed_ss.engine.static import SlotCache, pad_rows, pad_template, slot_mask, steady_rows
 from hf_packed_ss.front.forward import model_forward
 
 FAMILIES = {"nemotron": (lambda: tiny_model(0), SCHEDULES), "setdlm": (lambda: tiny_setdlm(0), WINDOW_SCHEDULES)}
@@ -140,7 +140,8 @@ def test_padding_rows_see_only_themselves():
 
     state = DecoderState(torch.tensor([3, 4, 5]), 10, 8)
     call = ShiftedBlockLayout(MASK).build(Plan(order=range(0, 4)), state)
-    ids, positions, template = pad_call(call, 9, MASK)
+    ids, positions = pad_rows(call.input_ids, call.position_ids, 9, MASK)
+    template = pad_template(call.new_rows_mask, 9)
     q = call.rows
     assert ids.shape == (1, 9) and ids[0, q:].eq(MASK).all() and positions.shape == (1, 9)
     assert torch.equal(template[:q, :q], call.new_rows_mask)

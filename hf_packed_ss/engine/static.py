@@ -104,20 +104,22 @@ def slot_mask(template: torch.Tensor, position: torch.Tensor, columns: torch.Ten
     return (offset < 0) | ((offset < q) & block)
 
 
-def pad_call(call: PackedCall, rows: int, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input ids, position ids, new-rows template) of `call` padded to `rows` rows: MASK rows at the last
-    position, each seeing only itself."""
-    q = call.rows
-    template = call.new_rows_mask
+def pad_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, rows: int, mask_token_id: int):
+    """A call's ids and position ids padded to `rows` rows: MASK rows at its last position."""
+    batch, extra = input_ids.shape[0], rows - input_ids.shape[1]
+    return (torch.cat([input_ids, input_ids.new_full((batch, extra), mask_token_id)], dim=1),
+            torch.cat([position_ids, position_ids[:, -1:].expand(batch, extra)], dim=1))
+
+
+def pad_template(template: torch.Tensor, rows: int) -> torch.Tensor:
+    """A ``(q, q)`` new-rows mask padded to ``(rows, rows)``: each padding row sees only itself, no real row sees
+    a padding row (so they are never read and change nothing)."""
+    q = template.shape[-1]
     if q == rows:
-        return call.input_ids, call.position_ids, template
-    extra = rows - q
-    batch = call.input_ids.shape[0]
-    ids = torch.cat([call.input_ids, call.input_ids.new_full((batch, extra), mask_token_id)], dim=1)
-    positions = torch.cat([call.position_ids, call.position_ids[:, -1:].expand(batch, extra)], dim=1)
+        return template
     padded = torch.eye(rows, dtype=torch.bool, device=template.device)
     padded[:q, :q] = template
-    return ids, positions, padded
+    return padded
 
 
 def cache_mask(call: PackedCall, capacity: int) -> torch.Tensor:

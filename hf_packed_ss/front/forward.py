@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..engine import Forward
-from ..engine.static import SlotCache, cache_mask, pad_call, slot_mask
+from ..engine.static import SlotCache, cache_mask, pad_rows, pad_template, slot_mask
 from ..modeling import cache_keyword
 from ..models.lora import proposal_rows
 
@@ -41,14 +41,15 @@ _GRAPHS = counters["stats"]  # dynamo's own count of the graphs it compiled
 
 def _step(model: torch.nn.Module, cache_kw: str):
     """The compiled function: one call of a constant number of rows written at the cache's position, its mask
-    derived in the graph. Its code object is its own: dynamo keeps graphs, guards and its recompile limit per
-    code object, and every `StaticForward` compiles one graph of its own shape."""
+    derived in the graph and its kept rows gathered there (so reading them back copies nothing). Its code object
+    is its own: dynamo keeps graphs, guards and its recompile limit per code object, and every `StaticForward`
+    compiles one graph of its own shape."""
 
-    def step(input_ids, position_ids, template, cache: SlotCache) -> torch.Tensor:
+    def step(input_ids, position_ids, template, kept, cache: SlotCache) -> torch.Tensor:
         mask = slot_mask(template, cache.position, cache.columns)
         mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
         return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                     **{cache_kw: cache}).logits
+                     logits_to_keep=kept, **{cache_kw: cache}).logits
 
     return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
 
@@ -63,27 +64,54 @@ class StaticForward:
         self.mask_token_id = model.config.mask_token_id
         self.cache_kw = cache_keyword(model)
         self.graph = None if compile_kwargs is None else torch.compile(_step(model, self.cache_kw), **compile_kwargs)
-        self.compiled_calls = 0
         self.compile_time_s = 0.0
+        self._padded: dict = {}  # per layout template / kept rows (the same objects every call of a shape)
+        self._gates: dict[int, torch.Tensor] = {}  # proposal rows from each start, as a bool tensor
+
+    def _pad(self, tensor: torch.Tensor, pad) -> torch.Tensor:
+        padded = self._padded.get(tensor)
+        if padded is None:
+            if len(self._padded) > 256:
+                self._padded.clear()
+            padded = self._padded[tensor] = pad(tensor)
+        return padded
 
     def __call__(self, call, cache: SlotCache) -> torch.Tensor:
-        q = call.rows
-        graph = self.graph is not None and cache.length > 0 and q <= self.rows and call.new_rows_mask is not None
-        cache.begin_call(self.rows if graph else q)
-        if graph:
-            ids, positions, template = pad_call(call, self.rows, self.mask_token_id)
-            graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
-            with proposal_rows(self.model, call.proposal_start, rows=self.rows):
-                logits = self.graph(ids, positions, template, cache)[:, call.logit_rows]
-            if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
-                self.compile_time_s += time.perf_counter() - tic
-            self.compiled_calls += 1
-        else:
-            with proposal_rows(self.model, call.proposal_start):
-                logits = self.model(input_ids=call.input_ids, position_ids=call.position_ids,
-                                    attention_mask=cache_mask(call, cache.capacity), use_cache=True,
-                                    logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
+        q, rows = call.rows, self.rows
+        if self.graph is None or not cache.length or q > rows or call.new_rows_mask is None:
+            return self.eager(call, cache)
+        cache.begin_call(rows)
+        ids, positions = call.input_ids, call.position_ids
+        if q < rows:
+            ids, positions = pad_rows(ids, positions, rows, self.mask_token_id)
+        template = self._pad(call.new_rows_mask, lambda t: pad_template(t, rows))
+        kept = self._pad(call.logit_rows, lambda k: torch.cat([k, k[-1:].expand(rows - k.numel())]))
+        gate = getattr(self.model, "_hf_packed_ss_gate", None)
+        if gate is not None:  # a compiled call marks proposal rows with a tensor: a changing start is a new graph
+            start = call.proposal_start
+            gate.rows = self._gates.get(start)
+            if gate.rows is None:
+                gate.rows = self._gates[start] = torch.arange(rows, device=ids.device) >= start
+        graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
+        try:
+            logits = self.graph(ids, positions, template, kept, cache)
+        finally:
+            if gate is not None:
+                gate.rows = None
+        if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
+            self.compile_time_s += time.perf_counter() - tic
         cache.end_call(q)
+        logits = logits[:, : call.logit_rows.numel()]
+        return logits if self.batched else logits[0]
+
+    def eager(self, call, cache: SlotCache) -> torch.Tensor:
+        """The call as it is, over every slot (the prompt's, or one larger than `rows`)."""
+        cache.begin_call(call.rows)
+        with proposal_rows(self.model, call.proposal_start):
+            logits = self.model(input_ids=call.input_ids, position_ids=call.position_ids,
+                                attention_mask=cache_mask(call, cache.capacity), use_cache=True,
+                                logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
+        cache.end_call(call.rows)
         return logits if self.batched else logits[0]
 
 

@@ -125,18 +125,14 @@ def proposal_only_adapters(model: nn.Module):
 
 
 @contextmanager
-def proposal_rows(model: nn.Module, start: int, rows: int | None = None):
-    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward; with `rows`
-    (a compiled call's constant row count) as a bool tensor over them instead."""
+def proposal_rows(model: nn.Module, start: int):
+    """Mark rows `start:` (of every sequence in the batch) as the proposal rows of the next forward."""
     gate = getattr(model, "_hf_packed_ss_gate", None)
     if gate is None:
         yield
         return
-    if rows is None:
-        gate.start = start
-    else:
-        gate.rows = torch.arange(rows, device=model.device) >= start
+    gate.start = start
     try:
         yield
     finally:
-        gate.start, gate.rows = None, None
+        gate.start = None
