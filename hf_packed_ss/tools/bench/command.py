@@ -12,22 +12,24 @@ import os
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID
 from ...generation import MODES, family
-from . import report
+from . import compiled, report
 from .grading import grade
 from .measure import (
+    COMPILED,
     PEERS,
     REFERENCE,
     STOCK,
     Measurement,
     Settings,
     decoder_for,
+    near_tie,
     run_interleaved,
     schedule_mode,
     schedule_name,
@@ -74,6 +76,13 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     p.add_argument("--humaneval-timeout", type=float, default=5.0, help="seconds per HumanEval program")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compile", action="store_true",
+                   help="also run every schedule (stock and prompt lookup included) with a static cache and "
+                        "torch.compile, side by side with its eager run: compiled vs eager, vs compiled stock, and "
+                        "the compiled Packed-SS call against a bare compiled forward")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile mode of --compile (default: CompileConfig's, 'reduce-overhead': CUDA graphs "
+                        "on a GPU)")
     p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="N",
                    help="decode the prompts in left-padded batches of N (a list: each), against stock batched "
                         "generate at the same N and our schedules at batch 1; writes batched.json (schedules "
@@ -123,9 +132,11 @@ def encode(tokenizer, prompt: Prompt, chat: bool | None, shots: int = CHAT_SHOTS
     return chat_ids(tokenizer, prompt.question or prompt.text)
 
 
-def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float) -> None:
+def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float, model=None,
+           inputs: list[torch.Tensor] | None = None) -> None:
     """After all timing: detokenise, grade (in parallel; each distinct text once) and, under greedy decoding,
-    mark responses whose tokens differ from `ar`'s on the same prompt and repeat."""
+    mark responses whose tokens differ from `ar`'s on the same prompt and repeat (and, given the model and the
+    inputs, whether each difference starts at a near-tie of the AR mode's logits)."""
     ok = [r for r in m.records if r.error is None]
     for r in ok:
         r.text = tokenizer.decode(r.tokens, skip_special_tokens=True)
@@ -134,6 +145,8 @@ def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeo
         for r in ok:
             if r.schedule != REFERENCE and (r.prompt, r.repeat) in reference:
                 r.differs_from_ar = r.tokens != reference[r.prompt, r.repeat]
+                if r.differs_from_ar and model is not None:
+                    r.near_tie = near_tie(model, inputs[r.prompt], reference[r.prompt, r.repeat], r.tokens)
     jobs = sorted({(r.prompt, r.text) for r in ok if prompts[r.prompt].grader})
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         grades = dict(zip(jobs, pool.map(
@@ -217,18 +230,34 @@ def main(argv: list[str] | None = None) -> int:
                         args.prompt_lookup_tokens)
     if args.batch_size:
         return batched_main(args, model, tokenizer, inputs, schedules, settings, argv)
+    if args.compile:
+        schedules = compiled.variants(schedules)
+        settings = replace(settings, compile_mode=args.compile_mode,
+                           max_cache_len=compiled.cache_length(inputs, args.max_new_tokens))
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
                         progress=not args.no_progress)
     if m.interrupted:
         print("Interrupted: writing what was measured.")
-    finish(m, prompts, tokenizer, settings.greedy, args.humaneval_timeout)
+    finish(m, prompts, tokenizer, settings.greedy, args.humaneval_timeout, model, inputs)
     results = summarise(m, prompts, args, settings, report.environment(device, dtype, args.seed))
+    if args.compile:
+        done = set(results["complete_prompts"])
+        kept = [r for r in m.records if r.prompt in done]
+        section = compiled.summary(m, kept, results["complete_prompts"], results["aggregates"], args.resamples,
+                                   args.seed)
+        ours = [r for r in kept if r.schedule == compiled.PACKED + COMPILED]
+        if ours:
+            section["limit"] = compiled.call_limit(model, ours, settings, inputs)
+        results["compiled"] = section
     results["command"] = "hf-packed-ss bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     files = report.write(Path(args.out), results)
     print(report.absolute_table(results))
     if results["ratios"]:
         print(f"\nPaired ratios to {results['baseline']} (95% bootstrap intervals):")
         print(report.ratio_table(results))
+    if results.get("compiled"):
+        print("\nCompiled (static cache + torch.compile) vs eager:")
+        print(compiled.markdown(results["compiled"]))
     for schedule, error in m.errors.items():
         print(f"error [{schedule}]: {error}")
     print("\nwrote " + ", ".join(str(f) for f in files))

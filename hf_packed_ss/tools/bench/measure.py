@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch._dynamo.utils import counters
 from transformers.generation.streamers import BaseStreamer
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
@@ -182,7 +183,7 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
         sync(ids.device)
         wall = time.perf_counter() - start
         new = out[0, ids.shape[1]:]
-        return dict(width=lookup, new_tokens=int(new.numel()), nfe=len(steps.sizes), decoder_time_s=wall,
+        return dict(width=lookup, new_tokens=int(new.numel()), nfe=len(steps.sizes) - 1, decoder_time_s=wall,
                     generate_wall_s=wall, model_time_s=0.0, rows_per_call=[], accepted_per_iteration=steps.sizes[1:],
                     tokens=new.tolist())
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT calls the base's forward
@@ -199,16 +200,40 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
                 accepted_per_iteration=steps.sizes[1:], tokens=new.tolist())
 
 
+_GRAPHS = counters["stats"]
+NEAR_TIE = 1e-4  # relative logit gap under which two tokens are a near-tie of the AR mode
+
+
+def near_tie(model, ids: torch.Tensor, reference: list[int], tokens: list[int]) -> bool:
+    """Whether the first token where `tokens` leaves `reference` (the AR mode's greedy output) was a near-tie:
+    the AR mode's own logits there (one plain forward of the prompt and the common prefix) put the two tokens
+    within `NEAR_TIE` of each other, relative to the larger."""
+    i = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b), None)
+    if i is None:  # one is a prefix of the other: the first difference is where one stopped
+        return False
+    prefix = torch.cat([ids[0], torch.tensor(reference[:i], dtype=ids.dtype, device=ids.device)])[None]
+    with torch.inference_mode():
+        logits = model(input_ids=prefix).logits[0, -1].double()
+    a, b = logits[reference[i]], logits[tokens[i]]
+    return bool(abs(a - b) <= NEAR_TIE * max(1.0, float(abs(a))))
+
+
+
 def decoder_for(model, settings: Settings) -> Decode:
     """Dispatch a bench schedule name to the call that measures it."""
 
-    def decode(schedule: str, ids: torch.Tensor) -> dict:
+    def measured(schedule: str, ids: torch.Tensor) -> dict:
         schedule, compiled = compiled_variant(schedule)
         if schedule == STOCK:
             return decode_stock(model, ids, settings, compiled=compiled)
         if schedule == PROMPT_LOOKUP:
             return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens, compiled=compiled)
         return decode_ours(model, ids, schedule, settings, compiled)
+
+    def decode(schedule: str, ids: torch.Tensor) -> dict:
+        before = _GRAPHS["unique_graphs"]  # dynamo's count: a graph compiled during a timed decode shows here
+        fields = measured(schedule, ids)
+        return fields | {"compiled_graphs": _GRAPHS["unique_graphs"] - before}
 
     return decode
 
@@ -228,6 +253,7 @@ class Measurement:
     orders: list[dict] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
+    warmup: dict[str, dict] = field(default_factory=dict)  # each schedule's warm-up decode (where graphs compile)
 
     @property
     def active(self) -> list[str]:
@@ -261,7 +287,8 @@ def run_interleaved(decode: Decode, schedules: list[str], prompts: list[Prompt],
             for s in schedules:
                 try:
                     torch.manual_seed(seed)
-                    decode(s, inputs[0])
+                    fields = decode(s, inputs[0])
+                    m.warmup[s] = {k: fields.get(k) for k in ("generate_wall_s", "compile_time_s", "compiled_graphs")}
                 except Exception as error:  # reported as the schedule's row error
                     m.errors[s] = "warm-up: " + _error(error)
         bar = tqdm(total=len(prompts) * repeats * len(m.active), desc="bench", unit="response", disable=not progress)

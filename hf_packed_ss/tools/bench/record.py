@@ -20,6 +20,10 @@ class Record:
         rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration.
         compile_time_s: time of the calls that compiled a graph (ours, `+compile`); prompt_time_s: the prompt
             call's model time (ours), so the later calls' cost is (decoder_time_s - prompt_time_s) / (nfe - 1).
+        compiled_graphs: graphs dynamo compiled during this decode (0 once warm: a recompile shows here).
+        near_tie: for tokens that differ from `ar`'s, whether the first difference is a near-tie of the AR mode's
+            own logits (float rounding of another row count or a compiled kernel can flip it; a bug would not
+            choose a near-tie), None when not checked.
         tokens: the generated ids (kept in memory for the `ar` comparison, not written out).
         text, correct, differs_from_ar: filled after timing (detokenised output, grade, greedy identity).
         error: why the call failed (then the numbers are zero).
@@ -40,6 +44,8 @@ class Record:
     accepted_per_iteration: list[int] = field(default_factory=list)
     compile_time_s: float = 0.0
     prompt_time_s: float = 0.0
+    compiled_graphs: int = 0
+    near_tie: bool | None = None
     tokens: list[int] = field(default_factory=list)
     text: str | None = None
     correct: bool | None = None

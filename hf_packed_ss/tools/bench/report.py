@@ -96,8 +96,16 @@ def absolute_table(results: dict) -> str:
             f"{_f(a['mean_model_time_s'])} | {_f(a['mean_non_model_time_s'])} | "
             f"{_f(a['mean_rows_per_call_after_first'], 1)} | {a['max_rows_per_call_after_first']} | "
             f"{_f(a['mean_accepted_per_iteration'], 2)} | {_f(acc, 1) + ('%' if acc is not None else '')} | "
-            f"{'-' if a['differs_from_ar'] is None else a['differs_from_ar']} |")
+            f"{_differs(a)} |")
     return "\n".join(lines)
+
+
+def _differs(a: dict) -> str:
+    """Responses whose tokens differ from `ar`'s, with how many of them start at a near-tie of its logits."""
+    if a.get("differs_from_ar") is None:
+        return "-"
+    ties = a.get("differs_at_near_ties")
+    return f"{a['differs_from_ar']}" + (f" ({ties} near-tie)" if a["differs_from_ar"] and ties is not None else "")
 
 
 def ratio_table(results: dict) -> str:
@@ -138,6 +146,12 @@ def markdown(results: dict) -> str:
                   f"Point estimate [95% percentile interval], {boot['resamples']:,} bootstrap resamples over prompts "
                   "(same indices for every schedule); accuracy as a difference in percentage points.", "",
                   ratio_table(results), ""]
+    if results.get("compiled"):
+        from .compiled import markdown as compiled_markdown
+
+        parts += ["## Compiled (static cache + torch.compile) vs eager", "",
+                  "Each schedule's `+compile` variant ran in the same interleaved loop; compile time is the warm-up's, "
+                  "kept out of every timed decode.", "", compiled_markdown(results["compiled"]), ""]
     if results.get("baseline_note"):
         parts += [f"Note: {results['baseline_note']}", ""]
     if results["errors"]:

@@ -139,6 +139,7 @@ def aggregate(records: list[Record]) -> dict:
     accepted = [x for r in ok for x in r.accepted_per_iteration]
     graded = [r.correct for r in ok if r.correct is not None]
     compared = [r.differs_from_ar for r in ok if r.differs_from_ar is not None]
+    ties = [r for r in ok if r.differs_from_ar and r.near_tie]
     n = len(ok)
     return {
         "responses": n,
@@ -162,4 +163,6 @@ def aggregate(records: list[Record]) -> dict:
         "mean_accepted_per_iteration": float(np.mean(accepted)) if accepted else float("nan"),
         "accuracy": sum(graded) / len(graded) if graded else None,
         "differs_from_ar": sum(compared) if compared else None,
+        "differs_at_near_ties": len(ties) if compared else None,
+        "compiled_graphs": sum(r.compiled_graphs for r in ok),
     }

@@ -1,0 +1,151 @@
+"""`hf-packed-ss bench --compile`: every schedule and stock baseline eager and compiled, side by side in one run.
+
+A `+compile` variant is the same decode with `cache_implementation="static"` and a `CompileConfig` (stock
+`generate` and prompt lookup with their own static cache and compile, so the comparison stays fair), one cache
+size for the whole suite so no timed decode recompiles (each record counts the graphs compiled while it ran).
+Compile time is the warm-up's and is reported apart from decoding time. The section adds, from the same run:
+compiled vs eager throughput per schedule, compiled vs compiled stock with the break-even tokens/NFE, and the
+compiled Packed-SS call against a bare compiled forward of the same rows (`probe.time_compiled`).
+"""
+
+from __future__ import annotations
+
+import statistics as stats
+from dataclasses import asdict
+
+from ...engine import Greedy
+from ...engine.static import steady_rows
+from ...front.generate import compile_options
+from ...generation import family
+from .measure import COMPILED, STOCK, Settings, compiled_variant
+from .statistics import paired_intervals, per_prompt_totals
+
+PACKED = "packed_ss"
+SLACK = 512  # cache slots past prompt + max_new_tokens: room for the widest call of every schedule
+
+
+def variants(schedules: list[str]) -> list[str]:
+    """Each schedule followed by its compiled variant."""
+    return [name for s in schedules for name in (s, s + COMPILED)]
+
+
+def cache_length(inputs, max_new_tokens: int) -> int:
+    """One static cache size for the suite (a multiple of 128): the longest prompt, the new tokens and `SLACK`."""
+    need = max(int(ids.shape[1]) for ids in inputs) + max_new_tokens + SLACK
+    return -(-need // 128) * 128
+
+
+def _per_call(records) -> tuple[float, float]:
+    """(model, decoder) seconds per call after the prompt's, from aggregate totals."""
+    calls = sum(r.nfe - 1 for r in records)
+    model = sum(r.model_time_s - r.prompt_time_s for r in records)
+    decoder = sum(r.decoder_time_s - r.prompt_time_s for r in records)
+    return model / calls, decoder / calls
+
+
+def call_limit(model, records, settings: Settings, inputs, iters: int = 50) -> dict | None:
+    """A compiled Packed-SS call (its model call: padding, in-graph mask and slot cache included; and the whole
+    iteration: plus the loop's layout, acceptance and bookkeeping) against a bare compiled forward of as many
+    rows with a plain causal mask over a static cache of the same size, mid-decode context."""
+    from transformers import GenerationConfig
+
+    from .probe import time_compiled
+
+    ok = [r for r in records if r.error is None and r.nfe > 1]
+    if not ok:
+        return None
+    decoder = getattr(model, "_hf_packed_ss_twin", model)
+    fam = family(decoder.config)
+    rows = steady_rows(fam.schedules[PACKED](ok[0].width, Greedy()),
+                       fam.layout(decoder.config.mask_token_id, static_shapes=True))
+    options = compile_options(GenerationConfig(**settings.compiled()), decoder.device)
+    context = int(stats.median(int(ids.shape[1]) for ids in inputs)) + settings.max_new_tokens // 2
+    bare = time_compiled(model, [rows], settings.max_cache_len, options, context=context, iters=iters)[rows]
+    model_s, decoder_s = _per_call(ok)
+    return {"rows": rows, "bare_forward_ms": bare * 1e3, "model_call_ms": model_s * 1e3,
+            "iteration_ms": decoder_s * 1e3, "model_call_ratio": model_s / bare, "iteration_ratio": decoder_s / bare,
+            "context": context, "cache_slots": settings.max_cache_len}
+
+
+def summary(measurement, records, complete: list[int], aggregates: dict, resamples: int, seed: int) -> dict:
+    """Compiled vs eager per schedule and compiled vs compiled stock, paired over the prompts every variant
+    finished (95% bootstrap intervals); compile time from the warm-up."""
+    active = measurement.active
+    totals = per_prompt_totals(records, active, complete) if complete else {}
+    out = {"schedules": [], "vs_stock": []}
+    for name in active:
+        base, compiled = compiled_variant(name)
+        if not compiled or base not in active:
+            continue
+        pair = paired_intervals({k: totals[k] for k in (base, name)}, base, resamples, seed) if totals else {}
+        warm = measurement.warmup.get(name, {})
+        out["schedules"].append({
+            "schedule": base, "eager_throughput": aggregates[base].get("throughput"),
+            "compiled_throughput": aggregates[name].get("throughput"),
+            "throughput_ratio": _cell(pair.get(name, {}).get("throughput")),
+            "eager_ms_per_nfe": _ms(aggregates[base].get("time_per_nfe_s")),
+            "compiled_ms_per_nfe": _ms(aggregates[name].get("time_per_nfe_s")),
+            "warmup_s": warm.get("generate_wall_s"), "compile_s": warm.get("compile_time_s"),
+            "graphs_while_timed": aggregates[name].get("compiled_graphs"),
+            "differs_from_ar": aggregates[name].get("differs_from_ar"),
+            "near_ties": aggregates[name].get("differs_at_near_ties"),
+        })
+    stock = STOCK + COMPILED
+    if stock in active and totals:
+        ratios = paired_intervals({k: v for k, v in totals.items() if k.endswith(COMPILED)}, stock, resamples, seed)
+        base = aggregates[stock]
+        for name in active:
+            if name.endswith(COMPILED) and name != stock:
+                a = aggregates[name]
+                even = (a["time_per_nfe_s"] / base["time_per_nfe_s"] * base["tokens_per_nfe"]
+                        if base.get("time_per_nfe_s") else None)
+                ratio = _cell(ratios.get(name, {}).get("throughput"))
+                out["vs_stock"].append({"schedule": name, "throughput_ratio": ratio,
+                                        "tokens_per_nfe": a.get("tokens_per_nfe"), "break_even_tokens_per_nfe": even})
+    return out
+
+
+def _cell(interval):
+    return None if interval is None else asdict(interval)
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
+
+
+def _f(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _interval(cell) -> str:
+    return "-" if not cell else f"{cell['value']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
+
+
+def markdown(section: dict) -> str:
+    """The report's compiled section."""
+    lines = ["| schedule | eager tokens/s | compiled tokens/s | compiled / eager throughput | eager ms/NFE | "
+             "compiled ms/NFE | warm-up s (compile s) | graphs compiled while timed | differs from ar |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in section["schedules"]:
+        compile_s = f" ({_f(row['compile_s'])})" if row.get("compile_s") else ""
+        differs = "-" if row["differs_from_ar"] is None else (
+            f"{row['differs_from_ar']}" + (f" ({row['near_ties']} near-tie)" if row["differs_from_ar"] else ""))
+        lines.append(f"| {row['schedule']} | {_f(row['eager_throughput'], 1)} | {_f(row['compiled_throughput'], 1)} | "
+                     f"{_interval(row['throughput_ratio'])} | {_f(row['eager_ms_per_nfe'])} | "
+                     f"{_f(row['compiled_ms_per_nfe'])} | {_f(row['warmup_s'])}{compile_s} | "
+                     f"{row['graphs_while_timed']} | {differs} |")
+    if section["vs_stock"]:
+        lines += ["", f"Against compiled stock `generate` ({STOCK}{COMPILED}): throughput ratio and the tokens/NFE at "
+                  "which each would match it.", "",
+                  "| schedule | throughput / stock+compile | tokens/NFE | break-even tokens/NFE |", "|---|---|---|---|"]
+        lines += [f"| {r['schedule']} | {_interval(r['throughput_ratio'])} | {_f(r['tokens_per_nfe'])} | "
+                  f"{_f(r['break_even_tokens_per_nfe'])} |" for r in section["vs_stock"]]
+    limit = section.get("limit")
+    if limit:
+        lines += ["", f"The limit: a compiled {PACKED} call of {limit['rows']} rows against a bare compiled forward "
+                  f"of {limit['rows']} rows (plain causal mask, static cache of {limit['cache_slots']} slots, "
+                  f"{limit['context']} cached): bare {limit['bare_forward_ms']:.3f} ms; our model call "
+                  f"{limit['model_call_ms']:.3f} ms (**{limit['model_call_ratio']:.3f}x**: padding, in-graph mask, "
+                  f"slot cache); the whole iteration {limit['iteration_ms']:.3f} ms ({limit['iteration_ratio']:.3f}x: "
+                  "plus the loop's layout, acceptance and bookkeeping)."]
+    return "\n".join(lines)
