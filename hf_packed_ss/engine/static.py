@@ -21,17 +21,17 @@ from .contract import PackedCall
 
 
 class SlotLayer(StaticLayer):
-    """A static layer that writes a call's rows at the cache's `position` (a device scalar shared by every
-    layer) instead of its own running count, so moving the cache back is one host-side number."""
+    """A static layer that writes a call's rows at its cache's `position` (a device scalar) instead of its own
+    running count, so moving the cache back is one host-side number."""
 
-    def __init__(self, capacity: int, position: torch.Tensor):
+    def __init__(self, capacity: int, cache: SlotCache):
         super().__init__(capacity)
-        self.position = position
+        self.cache = cache
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        slots = self.position + torch.arange(key_states.shape[-2], device=key_states.device)
+        slots = self.cache.position + torch.arange(key_states.shape[-2], device=key_states.device)
         self.keys.index_copy_(2, slots, key_states)
         self.values.index_copy_(2, slots, value_states)
         return self.keys, self.values
@@ -49,8 +49,10 @@ class SlotCache(Cache):
     is_compileable = True
 
     def __init__(self, layers: int, capacity: int, device: torch.device | str, batch: int = 1):
-        self.position = torch.zeros((), dtype=torch.long, device=device)  # where the next call writes
-        super().__init__(layers=[SlotLayer(capacity, self.position) for _ in range(layers)])
+        # one device scalar per slot, made once: pointing a call at its slot is an assignment, not a device op
+        self.slots = torch.arange(capacity + 1, device=device).unbind()
+        self.position = self.slots[0]  # where the next call writes
+        super().__init__(layers=[SlotLayer(capacity, self) for _ in range(layers)])
         self.capacity, self.batch, self.length = capacity, batch, 0
         self.columns = torch.arange(capacity, device=device)
 
@@ -69,7 +71,7 @@ class SlotCache(Cache):
     def begin_call(self, rows: int) -> None:
         """Point the write position at the end of the cache before a call of `rows` rows."""
         self.fits(rows)
-        self.position.fill_(self.length)
+        self.position = self.slots[self.length]
 
     def end_call(self, rows: int) -> None:
         """The call's first `rows` rows are now the cache's newest (its padding rows lie past `length`)."""

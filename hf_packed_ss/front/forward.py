@@ -69,12 +69,13 @@ class StaticForward:
         self._gates: dict[int, torch.Tensor] = {}  # proposal rows from each start, as a bool tensor
 
     def _pad(self, tensor: torch.Tensor, pad) -> torch.Tensor:
-        padded = self._padded.get(tensor)
-        if padded is None:
+        """`pad(tensor)`, made once per tensor (held beside its padding, so its id is not reused)."""
+        held = self._padded.get(id(tensor))
+        if held is None:
             if len(self._padded) > 256:
                 self._padded.clear()
-            padded = self._padded[tensor] = pad(tensor)
-        return padded
+            held = self._padded[id(tensor)] = tensor, pad(tensor)
+        return held[1]
 
     def __call__(self, call, cache: SlotCache) -> torch.Tensor:
         q, rows = call.rows, self.rows
@@ -101,8 +102,8 @@ class StaticForward:
         if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
             self.compile_time_s += time.perf_counter() - tic
         cache.end_call(q)
-        logits = logits[:, : call.logit_rows.numel()]
-        return logits if self.batched else logits[0]
+        k = call.logit_rows.numel()
+        return logits[:, :k] if self.batched else logits[0, :k]
 
     def eager(self, call, cache: SlotCache) -> torch.Tensor:
         """The call as it is, over every slot (the prompt's, or one larger than `rows`)."""

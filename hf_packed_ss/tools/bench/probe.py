@@ -72,11 +72,10 @@ def time_batched(model, shapes: list[tuple[int, int]], context: int = 128, iters
     return {shape: stats.median(t) for shape, t in times.items()}
 
 
-def time_compiled(model, rows: list[int], capacity: int, compile_kwargs: dict, context: int = 128,
-                  iters: int = 20, warmup: int = 3, seed: int = 0) -> dict[int, float]:
-    """Median seconds of one bare compiled forward of n new rows, per n: the model alone over transformers'
+def bare_compiled_call(model, rows: int, capacity: int, compile_kwargs: dict, context: int = 128, seed: int = 0):
+    """A bare compiled forward of `rows` new rows, as a no-argument callable: the model alone over transformers'
     `StaticCache` of `capacity` slots holding a `context`-token prompt, a plain causal 4D mask built once, the
-    cache moved back after each call. The floor a compiled packed call of n rows is held to."""
+    cache moved back after each call. The floor a compiled packed call of as many rows is held to."""
     from transformers import StaticCache
 
     decoder = getattr(model, "_hf_packed_ss_twin", model)
@@ -94,24 +93,32 @@ def time_compiled(model, rows: list[int], capacity: int, compile_kwargs: dict, c
                        **{cache_kw: cache}).logits
 
     graph = torch.compile(forward, **compile_kwargs)
-    out = {}
     with torch.inference_mode():
         prompt = torch.randint(vocab, (1, context), generator=g).to(device)
         forward(prompt, torch.arange(context, device=device)[None], causal(0, context))
-        for n in rows:
-            inputs = (torch.randint(vocab, (1, n), generator=g).to(device),
-                      torch.arange(context, context + n, device=device)[None], causal(context, n))
-            times = []
-            for i in range(warmup + iters):
-                sync(device)
-                tic = time.perf_counter()
-                graph(*inputs)
-                sync(device)
-                if i >= warmup:
-                    times.append(time.perf_counter() - tic)
-                cache.crop(-n)  # back to the prompt: the static layers move their position back
-            out[n] = stats.median(times)
-    return out
+    inputs = (torch.randint(vocab, (1, rows), generator=g).to(device),
+              torch.arange(context, context + rows, device=device)[None], causal(context, rows))
+
+    def call() -> None:
+        with torch.inference_mode():
+            graph(*inputs)
+            cache.crop(-rows)  # back to the prompt: the static layers move their position back
+
+    return call
+
+
+def time_interleaved(calls: dict, iters: int = 200, warmup: int = 3) -> dict:
+    """Median seconds of each no-argument callable in `calls`, run in rotating order every round (device-
+    synchronised by the caller's callables), so drift of the machine hits all alike."""
+    names = list(calls)
+    times: dict = {name: [] for name in names}
+    for round_ in range(warmup + iters):
+        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            tic = time.perf_counter()
+            calls[name]()
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - tic)
+    return {name: stats.median(t) for name, t in times.items()}
 
 
 def fit(latency: dict[int, float]) -> tuple[float, float, float]:
