@@ -3,7 +3,8 @@
     python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json --readme README.md
 
 replaces everything between the two marker comments with, per results file, the command that produced it,
-the machine, and the paired-ratio and absolute tables of its report (a `batched.json` of `bench --batch-size`:
+the machine, and the paired-ratio (for `bench --compile`: compiled vs eager) and absolute tables of its report (a
+`batched.json` of `bench --batch-size`:
 its batch table, probe fit and crossovers); a `probe.json` beside a results file
 (`hf-packed-ss probe --results R --json probe.json`) adds the fitted call cost tau + delta * rows and the
 throughput it predicts next to the measured one.
@@ -41,7 +42,12 @@ def section(results: dict, probe: dict | None = None) -> str:
              f"{'greedy' if results['greedy'] else 'sampling'} ({machine}, {env['dtype']}, "
              f"{env['torch_threads']} torch thread(s))", "", "```bash", results.get("command", "hf-packed-ss bench"),
              "```", ""]
-    if results["ratios"]:
+    if results.get("compiled"):  # `bench --compile`: each schedule eager and compiled, then the absolute table
+        from .compiled import markdown
+
+        lines += ["Compiled (static cache + `torch.compile`) vs eager, one run, 95% bootstrap intervals over prompts:",
+                  "", markdown(results["compiled"]), ""]
+    elif results["ratios"]:
         lines += [f"Paired ratios to `{results['baseline']}`, 95% bootstrap intervals over prompts:", "",
                   ratio_table(results), ""]
     lines += [absolute_table(results), ""]
