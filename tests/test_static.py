@@ -179,3 +179,21 @@ def test_a_proposal_only_adapter_gates_the_same_rows_compiled():
         compiled = _generate(model, PROMPT, mode, CompileConfig(backend="inductor", fullgraph=True))
         assert compiled.sequences.tolist() == eager.sequences.tolist()
         assert compiled.decoding_stats.accepted_per_iteration == eager.decoding_stats.accepted_per_iteration
+
+
+def test_compile_follows_stocks_rule():
+    """Compiled unless disable_compile; by default only on accelerators; on the CPU when a compile_config is
+    passed; dynamic shapes off unless asked; a mode only for inductor without options."""
+    from transformers import GenerationConfig
+
+    from hf_packed_ss.front.generate import compile_options
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_options(GenerationConfig(), cpu) is None
+    assert compile_options(GenerationConfig(), cuda) == dict(fullgraph=False, dynamic=False, backend="inductor",
+                                                             mode="reduce-overhead", options=None)
+    assert compile_options(GenerationConfig(disable_compile=True, compile_config=CompileConfig()), cuda) is None
+    given = compile_options(GenerationConfig(compile_config=CompileConfig(dynamic=True, backend="eager")), cpu)
+    assert given == dict(fullgraph=False, dynamic=True, backend="eager", options=None)
+    tuned = compile_options(GenerationConfig(compile_config=CompileConfig(options={"max_autotune": True})), cpu)
+    assert "mode" not in tuned and tuned["options"] == {"max_autotune": True}
