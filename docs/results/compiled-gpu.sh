@@ -12,6 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT_DIR:-docs/results}
+TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # a cold compile cache: the compile times reported are a first run's
+export TORCHINDUCTOR_CACHE_DIR
 for name in tiny-nemotron-gsm8k tiny-setdlm-gsm8k; do
     python -m hf_packed_ss.bench --model "$name" --suite sample --limit 10 --max-new-tokens 128 --compile \
         --device cuda --dtype bfloat16 --compile-mode reduce-overhead --schedules ar packed_ss stock \

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile:
         schedules = compiled.variants(schedules)
         settings = replace(settings, compile_mode=args.compile_mode,
-                           max_cache_len=compiled.cache_length(model, schedules, inputs, settings))
+                           cache_lengths=compiled.cache_lengths(model, schedules, inputs, settings))
     m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
                         progress=not args.no_progress)
     if m.interrupted:

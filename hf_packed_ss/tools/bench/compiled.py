@@ -2,7 +2,8 @@
 
 A `+compile` variant is the same decode with `cache_implementation="static"` and a `CompileConfig` (stock
 `generate` and prompt lookup with their own static cache and compile, so the comparison stays fair), one cache
-size for the whole suite so no timed decode recompiles (each record counts the graphs compiled while it ran).
+size per schedule for the whole suite so no timed decode recompiles (each record counts the graphs compiled while
+it ran).
 Compile time is the warm-up's and is reported apart from decoding time. The section adds, from the same run:
 compiled vs eager throughput per schedule, compiled vs compiled stock with the break-even tokens/NFE, and the
 compiled Packed-SS call against a bare compiled forward of the same rows (`probe.bare_compiled_call`).
@@ -19,7 +20,7 @@ from ...engine import Greedy
 from ...engine.static import steady_rows
 from ...front.families import default_width, family
 from ...front.generate import compile_options
-from .measure import COMPILED, STOCK, Settings, compiled_variant, schedule_mode
+from .measure import COMPILED, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
 from .statistics import paired_intervals, per_prompt_totals
 
 PACKED = "packed_ss"
@@ -30,25 +31,28 @@ def variants(schedules: list[str]) -> list[str]:
     return [name for s in schedules for name in (s, s + COMPILED)]
 
 
-def cache_length(model, schedules: list[str], inputs, settings: Settings) -> int:
-    """One static cache size for the suite, as `generate` sizes it for its longest request: the longest prompt, the
-    new tokens and twice the widest call of any schedule measured (the engine's static shapes, `steady_rows`), a
-    multiple of 128. Every slot costs attention in every compiled call (ours and stock's alike), so no more."""
+def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tuple[tuple[str, int], ...]:
+    """One static cache size per schedule for the whole suite, as `generate` sizes one for its longest request:
+    the longest prompt, the new tokens and twice the schedule's widest call (ours: the engine's static shapes,
+    `steady_rows`; prompt lookup: its candidates and the correction; stock: none), a multiple of 128. Every slot
+    costs attention in every compiled call, so each decoder gets what it needs and no more."""
     decoder = getattr(model, "_hf_packed_ss_twin", model)
     fam, config = family(decoder.config), decoder.config
-    widest = settings.prompt_lookup_tokens + 1  # prompt lookup's candidates and the correction
-    for name in schedules:
-        mode, extra = schedule_mode(compiled_variant(name)[0])
-        if fam is None or mode not in fam.schedules:
-            continue  # a stock baseline
-        # the width generate will use: asked, else at most the larger of the model's default and its own config's
-        width = settings.width or max(default_width(config, mode), getattr(model.generation_config,
-                                                                               "speculative_width", None) or 1)
-        options = extra | ({"config": config} if "config" in inspect.signature(fam.schedules[mode]).parameters else {})
-        schedule = fam.schedules[mode](width, Greedy(), **options)
-        widest = max(widest, steady_rows(schedule, fam.layout(config.mask_token_id, static_shapes=True)))
-    need = max(int(ids.shape[1]) for ids in inputs) + settings.max_new_tokens + 2 * widest
-    return -(-need // 128) * 128
+    longest = max(int(ids.shape[1]) for ids in inputs) + settings.max_new_tokens
+    out = []
+    for name in dict.fromkeys(compiled_variant(s)[0] for s in schedules):
+        mode, extra = schedule_mode(name)
+        widest = settings.prompt_lookup_tokens + 1 if name == PROMPT_LOOKUP else 0
+        if fam is not None and mode in fam.schedules:
+            # the width generate will use: asked, else at most the larger of the model's default and its config's
+            width = settings.width or max(default_width(config, mode), getattr(model.generation_config,
+                                                                                   "speculative_width", None) or 1)
+            if "config" in inspect.signature(fam.schedules[mode]).parameters:
+                extra = extra | {"config": config}
+            schedule = fam.schedules[mode](width, Greedy(), **extra)
+            widest = steady_rows(schedule, fam.layout(config.mask_token_id, static_shapes=True))
+        out.append((name, -(-(longest + 2 * widest) // 128) * 128))
+    return tuple(out)
 
 
 def _per_call(records) -> tuple[float, float]:
@@ -82,8 +86,9 @@ def call_limit(model, records, settings: Settings, inputs, iters: int = 200) -> 
     schedule = fam.schedules[PACKED](ok[0].width, Greedy())
     layout = fam.layout(config.mask_token_id, static_shapes=True)
     rows = steady_rows(schedule, layout)
-    options = compile_options(GenerationConfig(**settings.compiled()), decoder.device)
-    forward, cache = static_forward(decoder, rows, settings.max_cache_len, options)
+    compiled = settings.compiled(PACKED)
+    options = compile_options(GenerationConfig(**compiled), decoder.device)
+    forward, cache = static_forward(decoder, rows, compiled["max_cache_len"], options)
     calls = []
     prompt = inputs[0][0]
     with torch.inference_mode(), proposal_only_adapters(decoder):

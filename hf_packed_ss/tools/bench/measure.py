@@ -74,16 +74,19 @@ class Settings:
     top_p: float = 1.0
     prompt_lookup_tokens: int = 10
     compile_mode: str | None = None  # `torch.compile` mode of the `+compile` variants (None: CompileConfig's)
-    max_cache_len: int | None = None  # static cache slots of the `+compile` variants (one size: no recompiles)
+    # static cache slots of each schedule's `+compile` variant: one size per schedule for the whole suite
+    cache_lengths: tuple[tuple[str, int], ...] = ()
 
-    def compiled(self) -> dict:
-        """`generate` options of a `+compile` variant, the same for our schedules and stock: a static cache of
-        one size for the whole suite and a `CompileConfig` (stock on the CPU also needs `_compile_all_devices`)."""
+    def compiled(self, schedule: str) -> dict:
+        """`generate` options of `schedule`'s `+compile` variant, alike for our schedules and stock: a static cache
+        of the schedule's one size for the whole suite (no recompile while timed) and a `CompileConfig` (stock on
+        the CPU also needs `_compile_all_devices`)."""
         from transformers import CompileConfig
 
         config = CompileConfig() if self.compile_mode is None else CompileConfig(mode=self.compile_mode)
         config._compile_all_devices = True
-        return {"cache_implementation": "static", "compile_config": config, "max_cache_len": self.max_cache_len}
+        return {"cache_implementation": "static", "compile_config": config,
+                "max_cache_len": dict(self.cache_lengths).get(schedule)}
 
     @property
     def greedy(self) -> bool:
@@ -148,9 +151,10 @@ class StepSizes(BaseStreamer):
 
 def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings, compiled: bool = False) -> dict:
     """One of our schedules (a `schedule_mode` name); its statistics come from the Runner."""
+    name = mode
     mode, extra = schedule_mode(mode)
     if compiled:
-        extra |= settings.compiled()
+        extra |= settings.compiled(name)
     drafts = mode not in WINDOW_SCHEDULES or WINDOW_SCHEDULES[mode].speculative  # AR takes no width
     sync(ids.device)
     start = time.perf_counter()
@@ -176,7 +180,7 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = lookup
     if compiled:
-        kwargs |= settings.compiled()
+        kwargs |= settings.compiled(PROMPT_LOOKUP if lookup else STOCK)
         sync(ids.device)
         start = time.perf_counter()
         out = model.generate(ids, **kwargs)
