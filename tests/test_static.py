@@ -197,3 +197,14 @@ def test_compile_follows_stocks_rule():
     assert given == dict(fullgraph=False, dynamic=True, backend="eager", options=None)
     tuned = compile_options(GenerationConfig(compile_config=CompileConfig(options={"max_autotune": True})), cpu)
     assert "mode" not in tuned and tuned["options"] == {"max_autotune": True}
+
+
+def test_sliding_context_over_a_static_cache():
+    """SetDLM's native decoder with native_context='sliding' drops the oldest rows before each call that would
+    not fit: over the slot cache the kept rows move down to slot 0, and the tokens are the dynamic cache's."""
+    model = tiny_setdlm(3, block_size=20)
+    options = dict(native_context="sliding", max_new_tokens=30)
+    eager = _generate(model, PROMPT, "native", static=False, **options)
+    static = _generate(model, PROMPT, "native", disable_compile=True, **options)
+    assert static.sequences.tolist() == eager.sequences.tolist()
+    assert eager.sequences.shape[1] - PROMPT.shape[1] == 30  # the context was cropped: 7 + 30 > 20

@@ -59,7 +59,7 @@ class SlotCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+    def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.capacity
 
     def fits(self, rows: int) -> None:

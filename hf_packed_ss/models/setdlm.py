@@ -23,6 +23,7 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3Model
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..engine.static import slot_mask
 from ..modeling import keep_rows, mask_for_backend
 from .base import DualModeModel
 
@@ -84,6 +85,8 @@ class SetDLMModel(DualModeModel):
         """Left-to-right AR logits by default; a 4D boolean `attention_mask` runs a packed layout
         whose MASK rows score their own positions. `cache` is 5.24's name for `past_key_values`."""
         cache = cache if cache is not None else past_key_values
+        if isinstance(attention_mask, dict):  # stock generate's per-layer-type causal masks (a static cache): they
+            attention_mask = None  # cover the token rows only, and the AR mode lays out its own duplicate masks
         if attention_mask is not None and attention_mask.dim() == 4:
             out = self.model(
                 input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids, use_cache=use_cache,
@@ -95,23 +98,29 @@ class SetDLMModel(DualModeModel):
         return self._causal_forward(input_ids, attention_mask, cache, labels, use_cache, logits_to_keep, **kwargs)
 
     def _causal_forward(self, input_ids, attention_mask, cache, labels, use_cache, logits_to_keep, **kwargs):
-        """AR mode through duplicate masks: input [x_0..x_{n-1} | MASK at positions 1..n] after the cache."""
+        """AR mode through duplicate masks: input [x_0..x_{n-1} | MASK at positions n-k+1..n] after the cache, one
+        MASK row per kept logit (an int `logits_to_keep` = k keeps the last k; otherwise every position's)."""
         if input_ids is None:
             raise ValueError("SetDLMModel's AR mode needs input_ids (it appends MASK rows to them).")
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("SetDLMModel does not support padded batches: pass unpadded prompts one at a time.")
         batch, n = input_ids.shape
+        k = min(logits_to_keep, n) if isinstance(logits_to_keep, int) and logits_to_keep > 0 else n
         device = input_ids.device
-        past = cache.get_seq_length() if cache is not None else 0
-        ids = torch.cat([input_ids, torch.full_like(input_ids, self.config.mask_token_id)], dim=1)
+        past = cache.get_seq_length() if cache is not None else 0  # a device scalar for a static cache
+        ids = torch.cat([input_ids, torch.full_like(input_ids[:, n - k :], self.config.mask_token_id)], dim=1)
         positions = past + torch.arange(n, device=device)
-        positions = torch.cat([positions, positions + 1])[None].expand(batch, -1)
+        positions = torch.cat([positions, positions[n - k :] + 1])[None].expand(batch, -1)
         causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         new = torch.cat([
-            torch.cat([causal, torch.zeros(n, n, dtype=torch.bool, device=device)], dim=1),  # tokens: causal
-            torch.cat([causal, torch.eye(n, dtype=torch.bool, device=device)], dim=1),  # MASK j: tokens <= j, itself
+            torch.cat([causal, torch.zeros(n, k, dtype=torch.bool, device=device)], dim=1),  # tokens: causal
+            torch.cat([causal[n - k :], torch.eye(k, dtype=torch.bool, device=device)], dim=1),  # MASK j: <= j, itself
         ])
-        mask = torch.cat([torch.ones(2 * n, past, dtype=torch.bool, device=device), new], dim=1)
+        slots = cache.get_max_length() if cache is not None else -1
+        if slots > 0:  # a static cache (stock generate's, compiled): its every slot, the new rows at slot `past`
+            mask = slot_mask(new, torch.as_tensor(past, device=device), torch.arange(slots, device=device))
+        else:
+            mask = torch.cat([torch.ones(n + k, past, dtype=torch.bool, device=device), new], dim=1)
         mask = mask[None, None].expand(batch, 1, -1, -1)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         out = self.model(
@@ -120,12 +129,21 @@ class SetDLMModel(DualModeModel):
         )
         new_cache = getattr(out, self._cache_kw, None)
         if use_cache and new_cache is not None:
-            new_cache.crop(-n)  # MASK rows never stay in the cache
-        logits = self._logits(keep_rows(out.last_hidden_state[:, n:], logits_to_keep))
+            new_cache.crop(-k)  # MASK rows never stay in the cache
+        hidden = out.last_hidden_state[:, n:]
+        logits = self._logits(hidden if k < n or isinstance(logits_to_keep, int) else keep_rows(hidden, logits_to_keep))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{self._cache_kw: new_cache})
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
+                                      max_cache_length):
+        """Stock `generate`'s cache, with room in a static one for the MASK rows the AR mode writes after a call's
+        tokens before dropping them (one per kept logit: the last token's, or every candidate's)."""
+        drafted = max(generation_config.prompt_lookup_num_tokens or 0, generation_config.num_assistant_tokens or 0)
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
+                                                     max_cache_length + 2 * drafted + 2)
 
 
 # A released `kuleshov-group/setdlm-*` folder (class SetDLM(BD3LM), config BD3LMConfig, model_type "bd3lm")

@@ -278,10 +278,11 @@ def _error(error: Exception) -> str:
 
 
 def run_interleaved(decode: Decode, schedules: list[str], prompts: list[Prompt], inputs: list[torch.Tensor],
-                    repeats: int = 1, seed: int = 0, warmup: bool = True, progress: bool = True) -> Measurement:
-    """Warm up every schedule on the first prompt (not recorded), then for run step = prompt * repeats + repeat
-    decode with every schedule in `rotation(schedules, step)`. A schedule that raises is recorded with its error
-    and not run again; Ctrl-C stops the loop and keeps everything measured so far."""
+                    repeats: int = 1, seed: int = 0, warmup: bool = True, progress: bool = True,
+                    warmup_inputs: list[torch.Tensor] | None = None) -> Measurement:
+    """Warm up every schedule on the first prompt (or on each of `warmup_inputs`; not recorded), then for run step =
+    prompt * repeats + repeat decode with every schedule in `rotation(schedules, step)`. A schedule that raises is
+    recorded with its error and not run again; Ctrl-C stops the loop and keeps everything measured so far."""
     from tqdm.auto import tqdm
 
     m = Measurement(list(schedules), repeats)
@@ -290,9 +291,13 @@ def run_interleaved(decode: Decode, schedules: list[str], prompts: list[Prompt],
         if warmup:
             for s in schedules:
                 try:
-                    torch.manual_seed(seed)
-                    fields = decode(s, inputs[0])
-                    m.warmup[s] = {k: fields.get(k) for k in ("generate_wall_s", "compile_time_s", "compiled_graphs")}
+                    for ids in warmup_inputs or inputs[:1]:
+                        torch.manual_seed(seed)
+                        fields = decode(s, ids)
+                        warm = m.warmup.setdefault(s, dict.fromkeys(("generate_wall_s", "compile_time_s",
+                                                                     "compiled_graphs"), 0))
+                        for k in warm:
+                            warm[k] += fields.get(k) or 0
                 except Exception as error:  # reported as the schedule's row error
                     m.errors[s] = "warm-up: " + _error(error)
         bar = tqdm(total=len(prompts) * repeats * len(m.active), desc="bench", unit="response", disable=not progress)
