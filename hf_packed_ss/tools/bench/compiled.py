@@ -20,7 +20,7 @@ from ...engine import Greedy
 from ...engine.static import steady_rows
 from ...front.families import default_width, family
 from ...front.generate import compile_options
-from .measure import COMPILED, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
+from .measure import COMPILED, PEERS, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
 from .statistics import paired_intervals, per_prompt_totals
 
 PACKED = "packed_ss"
@@ -35,7 +35,8 @@ def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tu
     """One static cache size per schedule for the whole suite, as `generate` sizes one for its longest request:
     the longest prompt, the new tokens and twice the schedule's widest call (ours: the engine's static shapes,
     `steady_rows`; prompt lookup: its candidates and the correction; stock: none), a multiple of 128. Every slot
-    costs attention in every compiled call, so each decoder gets what it needs and no more."""
+    costs attention in every compiled call, so each decoder gets what it needs and no more (stock generate and
+    prompt lookup share one size: they share one compiled call)."""
     decoder = getattr(model, "_hf_packed_ss_twin", model)
     fam, config = family(decoder.config), decoder.config
     longest = max(int(ids.shape[1]) for ids in inputs) + settings.max_new_tokens
@@ -52,7 +53,10 @@ def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tu
             schedule = fam.schedules[mode](width, Greedy(), **extra)
             widest = steady_rows(schedule, fam.layout(config.mask_token_id, static_shapes=True))
         out.append((name, -(-(longest + 2 * widest) // 128) * 128))
-    return tuple(out)
+    # stock generate and prompt lookup share the model's one compiled call: one size for both (another would
+    # recompile it whenever the two alternate)
+    peers = max((n for name, n in out if name in PEERS), default=0)
+    return tuple((name, peers if name in PEERS else n) for name, n in out)
 
 
 def _per_call(records) -> tuple[float, float]:
