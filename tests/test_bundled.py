@@ -62,7 +62,7 @@ def _fake_decode(calls: list, seconds: dict, wrong: str | None = None):
     per_nfe = {"ar": 1, "linear_ss": 2, "quadratic_ss": 2.5, "packed_ss": 2}
     rows = {"ar": 1, "linear_ss": 4, "quadratic_ss": 20, "packed_ss": 8}
 
-    def decode(model, ids, mode, settings):
+    def decode(model, ids, mode, settings, compiled=False):
         calls.append((mode, settings.max_new_tokens))
         n = min(100, settings.max_new_tokens)
         nfe = max(1, round(n / per_nfe[mode]))

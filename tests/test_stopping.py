@@ -108,7 +108,7 @@ def test_text_iterator_streamer_through_generate(loaded):
     "kwargs, message",
     [
         (dict(assistant_model="x"), "assistant_model"),
-        (dict(cache_implementation="static"), "cache_implementation"),
+        (dict(cache_implementation="offloaded"), "cache_implementation"),
         (dict(attention_mask=torch.ones(1, 1, 8, 8, dtype=torch.bool)), "2D attention_mask"),
         (dict(stop_strings=["x"]), "tokenizer"),
     ],

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Usage: docs/results/compiled.sh -- every bundled checkpoint eager and compiled side by side (bench --compile: a
 # static cache and torch.compile for every schedule, stock generate and prompt lookup; GSM8K test prompts), one
-# checkpoint at a time with nothing else running (about 25 minutes on 2 CPU cores), then regenerate the README's
-# results block.
+# checkpoint at a time with nothing else running (about 40 minutes on 2 CPU cores, half of it SmolLM2), then
+# regenerate the README's results block.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1

@@ -115,10 +115,9 @@ def pad_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, rows: int, mas
 
 def pad_template(template: torch.Tensor, rows: int) -> torch.Tensor:
     """A ``(q, q)`` new-rows mask padded to ``(rows, rows)``: each padding row sees only itself, no real row sees
-    a padding row (so they are never read and change nothing)."""
+    a padding row (so they are never read and change nothing). Always a new tensor: a layout's cached template may
+    have been made outside inference mode, and a graph input of the other kind would be a recompile."""
     q = template.shape[-1]
-    if q == rows:
-        return template
     padded = torch.eye(rows, dtype=torch.bool, device=template.device)
     padded[:q, :q] = template
     return padded

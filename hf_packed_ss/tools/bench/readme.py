@@ -38,7 +38,8 @@ def probe_lines(probe: dict) -> list[str]:
 def section(results: dict, probe: dict | None = None) -> str:
     env, config = results["environment"], results["config"]
     machine = (env.get("gpu") or {}).get("name") or f"{env['cpu']}, {env['cpu_count']} cores"
-    lines = [f"### {config['model']} — {results['suite']['name']}, {len(results['complete_prompts'])} prompts, "
+    kind = "eager and compiled, " if results.get("compiled") else ""
+    lines = [f"### {config['model']} — {kind}{results['suite']['name']}, {len(results['complete_prompts'])} prompts, "
              f"{'greedy' if results['greedy'] else 'sampling'} ({machine}, {env['dtype']}, "
              f"{env['torch_threads']} torch thread(s))", "", "```bash", results.get("command", "hf-packed-ss bench"),
              "```", ""]
