@@ -95,7 +95,9 @@ def test_a_batch_with_a_static_cache_decodes_each_row_as_alone():
     for b in range(2):
         alone = _generate(model, prompts[b : b + 1, 2 * (1 - b) :], "packed_ss", static=False, max_new_tokens=12)
         assert out.sequences[b, 5:].tolist() == alone.sequences[0, 5 - 2 * (1 - b) :].tolist()
-    assert len(out.decoding_stats.per_row) == 2
+    stats = out.decoding_stats
+    assert len(stats.per_row) == 2 and stats.nfe == sum(row.nfe for row in stats.per_row)  # one after the other
+    assert stats.new_tokens == 24 and stats.decoder_time_s == sum(row.decoder_time_s for row in stats.per_row)
 
 
 def test_other_cache_implementations_are_refused(family_models):

@@ -41,19 +41,20 @@ class SlotLayer(StaticLayer):
 
 
 class SlotCache(Cache):
-    """`capacity` slots per layer for `batch` sequences; `length` (host) is the number of slots holding the cache.
+    """`capacity` slots per layer (for the batch its first call brings); `length` (host) is the number of slots
+    holding the cache.
 
     The loop sees a transformers cache: `crop(-n)` drops the n newest rows, `crop_left(n)` the n oldest (a
     sliding context: the kept slots move down, a copy per layer), `get_seq_length()` is `length`."""
 
     is_compileable = True
 
-    def __init__(self, layers: int, capacity: int, device: torch.device | str, batch: int = 1):
+    def __init__(self, layers: int, capacity: int, device: torch.device | str):
         # one device scalar per slot, made once: pointing a call at its slot is an assignment, not a device op
         self.slots = torch.arange(capacity + 1, device=device).unbind()
         self.position = self.slots[0]  # where the next call writes
         super().__init__(layers=[SlotLayer(capacity, self) for _ in range(layers)])
-        self.capacity, self.batch, self.length = capacity, batch, 0
+        self.capacity, self.length = capacity, 0
         self.columns = torch.arange(capacity, device=device)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

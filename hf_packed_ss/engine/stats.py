@@ -40,6 +40,24 @@ class DecodingStats:
     speculative_branches: int | None = None
     per_row: list[DecodingStats] = field(default_factory=list)
 
+    @classmethod
+    def sequential(cls, rows: list[DecodingStats]) -> DecodingStats:
+        """The statistics of sequences decoded one after another (a static-cache batch): every count and time
+        summed, each sequence's own in `per_row`."""
+        first = rows[0]
+        total = cls(schedule=first.schedule, width=first.width, speculative_branches=first.speculative_branches,
+                    per_row=list(rows))
+        for row in rows:
+            total.nfe += row.nfe
+            total.new_tokens += row.new_tokens
+            total.rows_per_call += row.rows_per_call
+            total.accepted_per_iteration += row.accepted_per_iteration
+            total.model_time_s += row.model_time_s
+            total.decoder_time_s += row.decoder_time_s
+            total.prompt_time_s += row.prompt_time_s
+            total.compile_time_s += row.compile_time_s
+        return total
+
     @property
     def tokens_per_nfe(self) -> float:
         return self.new_tokens / self.nfe if self.nfe else 0.0

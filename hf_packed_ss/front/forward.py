@@ -55,12 +55,13 @@ def _step(model: torch.nn.Module, cache_kw: str):
 
 
 class StaticForward:
-    """The forward over a `SlotCache`: every call after the prompt's, padded to `rows` rows, runs one compiled
-    graph (`compile_kwargs`: `torch.compile`'s, None to run it eagerly); the prompt's call, and any call larger
-    than `rows`, run eagerly over the same cache. `compile_time_s` is the time of the calls that compiled."""
+    """The forward of one sequence over a `SlotCache`: every call after the prompt's, padded to `rows` rows, runs
+    one compiled graph (`compile_kwargs`: `torch.compile`'s, None to run it eagerly); the prompt's call, and any
+    call larger than `rows`, run eagerly over the same cache. `compile_time_s` is the time of the calls that
+    compiled."""
 
-    def __init__(self, model: torch.nn.Module, rows: int, compile_kwargs: dict | None, batched: bool = False):
-        self.model, self.rows, self.batched = model, rows, batched
+    def __init__(self, model: torch.nn.Module, rows: int, compile_kwargs: dict | None):
+        self.model, self.rows = model, rows
         self.mask_token_id = model.config.mask_token_id
         self.cache_kw = cache_keyword(model)
         self.graph = None if compile_kwargs is None else torch.compile(_step(model, self.cache_kw), **compile_kwargs)
@@ -102,8 +103,7 @@ class StaticForward:
         if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
             self.compile_time_s += time.perf_counter() - tic
         cache.end_call(q)
-        k = call.logit_rows.numel()
-        return logits[:, :k] if self.batched else logits[0, :k]
+        return logits[0, : call.logit_rows.numel()]
 
     def eager(self, call, cache: SlotCache) -> torch.Tensor:
         """The call as it is, over every slot (the prompt's, or one larger than `rows`)."""
@@ -113,23 +113,23 @@ class StaticForward:
                                 attention_mask=cache_mask(call, cache.capacity), use_cache=True,
                                 logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
         cache.end_call(call.rows)
-        return logits if self.batched else logits[0]
+        return logits[0]
 
 
-def static_forward(model: torch.nn.Module, rows: int, capacity: int, compile_kwargs: dict | None,
-                   batch: int = 1) -> tuple[StaticForward, SlotCache]:
+def static_forward(model: torch.nn.Module, rows: int, capacity: int, compile_kwargs: dict | None
+                   ) -> tuple[StaticForward, SlotCache]:
     """The model's `StaticForward` for calls of `rows` rows and a `SlotCache` of at least `capacity` slots, both
     kept on the model, as `generate` keeps its static cache: a later decode that fits reuses them, so its calls
     run the graph already compiled (a larger cache is a new graph)."""
     kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
-    key = (rows, batch, repr(sorted((compile_kwargs or {}).items())) if compile_kwargs is not None else None)
+    key = (rows, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
     forward, cache = kept.get(key, (None, None))
     if forward is None:
-        forward = StaticForward(model, rows, compile_kwargs, batched=batch > 1)
+        forward = StaticForward(model, rows, compile_kwargs)
     if cache is None or cache.capacity < capacity:  # rounded up: nearby lengths share the cache and its graph
         capacity = -(-capacity // 128) * 128
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
-        cache = SlotCache(layers, capacity, model.device, batch)
+        cache = SlotCache(layers, capacity, model.device)
     cache.reset()
     kept[key] = forward, cache
     return forward, cache

@@ -192,19 +192,7 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
         stats.compile_time_s = forward.compile_time_s - compiled
         outputs.append(sequence)
         per_row.append(stats)
-    if len(per_row) == 1:
-        return outputs, per_row[0]
-    total = DecodingStats(schedule=per_row[0].schedule, width=per_row[0].width, per_row=per_row,
-                          speculative_branches=per_row[0].speculative_branches)
-    for stats in per_row:
-        total.nfe += stats.nfe
-        total.new_tokens += stats.new_tokens
-        total.rows_per_call += stats.rows_per_call
-        total.accepted_per_iteration += stats.accepted_per_iteration
-        total.model_time_s += stats.model_time_s
-        total.decoder_time_s += stats.decoder_time_s
-        total.compile_time_s += stats.compile_time_s
-    return outputs, total
+    return outputs, per_row[0] if len(per_row) == 1 else DecodingStats.sequential(per_row)
 
 
 def compile_options(config: GenerationConfig, device: torch.device) -> dict | None:
