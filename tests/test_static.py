@@ -86,18 +86,39 @@ def test_no_recompiles_across_prompts_of_different_lengths():
 
 
 def test_a_batch_with_a_static_cache_decodes_each_row_as_alone():
+    """A batch that cannot run in lockstep (here Linear-SS) decodes its rows one after another through the graph."""
     model = tiny_model(2)
     prompts = torch.tensor([[0, 0, 4, 9, 3], [7, 1, 2, 8, 6]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    out = model.generate(prompts, attention_mask=mask, assistant_mode="packed_ss", speculative_width=3,
+    out = model.generate(prompts, attention_mask=mask, assistant_mode="linear_ss", speculative_width=3,
                          max_new_tokens=12, cache_implementation="static", disable_compile=True,
                          return_dict_in_generate=True)
     for b in range(2):
-        alone = _generate(model, prompts[b : b + 1, 2 * (1 - b) :], "packed_ss", static=False, max_new_tokens=12)
+        alone = _generate(model, prompts[b : b + 1, 2 * (1 - b) :], "linear_ss", static=False, max_new_tokens=12)
         assert out.sequences[b, 5:].tolist() == alone.sequences[0, 5 - 2 * (1 - b) :].tolist()
     stats = out.decoding_stats
     assert len(stats.per_row) == 2 and stats.nfe == sum(row.nfe for row in stats.per_row)  # one after the other
     assert stats.new_tokens == 24 and stats.decoder_time_s == sum(row.decoder_time_s for row in stats.per_row)
+
+
+@pytest.mark.parametrize("mode", ["packed_ss", "ar"])
+def test_a_lockstep_batch_runs_one_compiled_graph(mode):
+    """Greedy AR / Packed-SS batches run in lockstep over a slot cache of the batch's rows: each call padded back
+    to every row (finished rows' stand-ins see only themselves), one compiled graph for the whole decode, the
+    tokens of the eager dynamic-cache batch (itself each row alone: test_batch), a row ending at EOS mid-decode."""
+    model = tiny_model(2)
+    prompts = torch.tensor([[0, 0, 4, 9, 3, 5], [7, 1, 2, 8, 6, 4], [0, 0, 0, 0, 5, 9]])
+    mask = (torch.arange(6)[None] >= torch.tensor([[2], [0], [4]])).long()
+    options = dict(attention_mask=mask, assistant_mode=mode, speculative_width=3, max_new_tokens=30,
+                   return_dict_in_generate=True, pad_token_id=0, eos_token_id=3)
+    eager = model.generate(prompts, **options)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = model.generate(prompts, cache_implementation="static", **options,
+                              compile_config=CompileConfig(backend=counter, fullgraph=True))
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+    assert counter.frame_count == 1 and compiled.decoding_stats.nfe == eager.decoding_stats.nfe
+    lengths = [row.new_tokens for row in compiled.decoding_stats.per_row]
+    assert min(lengths) < 30 == max(lengths)  # a row ended early: the later calls ran with a stand-in
 
 
 def test_other_cache_implementations_are_refused(family_models):
@@ -120,6 +141,27 @@ def test_slot_cache_moves_its_length_and_refuses_to_overflow():
     cache.length = 7
     with pytest.raises(ValueError, match="max_cache_len"):
         cache.begin_call(2)
+
+
+def test_slot_cache_selects_rows_and_gathers_columns_as_a_dynamic_cache_does():
+    """A lockstep batch's leaving rows and compaction, in place over the slots: the same keys as the DynamicCache's
+    `batch_select_indices` and `batch.gather_columns` give."""
+    from hf_packed_ss.engine.batch import gather_columns
+
+    keys = torch.randn(3, 2, 6, 4)
+    slot, dynamic = SlotCache(layers=1, capacity=10, device="cpu"), DynamicCache()
+    slot.begin_call(6)
+    slot.update(keys, keys + 1, 0)
+    slot.end_call(6)
+    dynamic.update(keys, keys + 1, 0)
+    for cache in (slot, dynamic):
+        cache.batch_select_indices(torch.tensor([2, 0]))
+    index = torch.tensor([[1, 3, 4], [0, 2, 5]])
+    gather_columns(slot, index)
+    gather_columns(dynamic, index)
+    assert slot.length == 3
+    assert torch.equal(slot.layers[0].keys[:2, :, :3], dynamic.layers[0].keys)
+    assert torch.equal(slot.layers[0].values[:2, :, :3], dynamic.layers[0].values)
 
 
 def test_slot_mask_is_the_dynamic_mask_widened():

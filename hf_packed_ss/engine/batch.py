@@ -56,8 +56,8 @@ class BatchCache:
     """The physical cache of a batch (a DynamicCache with a batch dimension) and which of its columns each
     row may see."""
 
-    def __init__(self, rows: int, slack: int, device: torch.device):
-        self.cache = DynamicCache()
+    def __init__(self, rows: int, slack: int, device: torch.device, cache=None):
+        self.cache = DynamicCache() if cache is None else cache
         self.rows = [RowCache() for _ in range(rows)]
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=device)
         self.slack = slack
@@ -115,7 +115,11 @@ class BatchCache:
 
 
 def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
-    """Row b of every layer keeps the columns `index[b]` (a `(batch, size)` LongTensor), in that order."""
+    """Row b of every layer keeps the columns `index[b]` (a `(batch, size)` LongTensor), in that order (a static
+    cache gathers in place itself)."""
+    if hasattr(cache, "gather_columns"):
+        cache.gather_columns(index)
+        return
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or not layer.keys.numel():
             continue
@@ -172,7 +176,7 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
                  max_new_tokens: int, eos_token_ids: Iterable[int] = (), processors=None,
                  stop: Callable[[torch.Tensor], bool] | None = None, pad_token_id: int = 0,
                  slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None,
-                 lockstep: bool | None = None) -> tuple[list[torch.Tensor], DecodingStats]:
+                 lockstep: bool | None = None, cache=None) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode `prompts` (1D LongTensors) together, row b with `schedules[b]` on `layouts[b]` (one of each per
     row: they hold that row's draft and mask buffer). Returns every row's prompt + output, as `decode` would
     return it alone, and the batch's statistics: `nfe` batched calls, `rows_per_call` the rows each computed
@@ -182,7 +186,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     columns longer than the longest row's own cache (default 8 blocks of the widest schedule).
     `trace(batch_cache, call)` sees every call after its commit (tests). `lockstep`: decode every row in the same
     tensors (`lockstep.py`; by default whenever the batch can: greedy AR or Packed-SS on the plain shifted-block
-    layout, stopped by EOS and the length limit only), else each row in its own loop."""
+    layout, stopped by EOS and the length limit only), else each row in its own loop. `cache`: the batch's KV
+    cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch)."""
     from . import lockstep as tensors
 
     device = prompts[0].device
@@ -193,9 +198,11 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
                          "layout, stopped by EOS and the length limit only.")
     if can if lockstep is None else lockstep:
         return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
-                                       layouts[0].mask_token_id, slack, trace)
+                                       layouts[0].mask_token_id, slack, trace, cache)
     stats = [new_stats(s) for s in schedules]
     eos = tuple(eos_token_ids)
+    if cache is not None:
+        raise ValueError("Only a lockstep batch decodes over a given cache.")
     batch = BatchCache(len(prompts), slack, device)
     total = DecodingStats(schedule=stats[0].schedule, width=stats[0].width,
                           speculative_branches=stats[0].speculative_branches, per_row=list(stats))

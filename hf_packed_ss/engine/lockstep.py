@@ -71,8 +71,9 @@ def first_call(prompts: Sequence[torch.Tensor], width: int, drafting: bool, mask
 
 def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequence[torch.Tensor],
                     max_new_tokens: int, eos_token_ids, pad_token_id: int, mask_token_id: int, slack: int,
-                    trace=None) -> tuple[list[torch.Tensor], DecodingStats]:
-    """Decode the batch in lockstep (see the module docstring). Returns what `decode_batch` returns."""
+                    trace=None, cache=None) -> tuple[list[torch.Tensor], DecodingStats]:
+    """Decode the batch in lockstep (see the module docstring). Returns what `decode_batch` returns. `cache`: the
+    batch's KV cache (a `SlotCache` for compiled calls; default a DynamicCache)."""
     device, n = prompts[0].device, len(prompts)
     width, drafting = schedules[0].width, isinstance(schedules[0], PackedSSSchedule)
     stats = [new_stats(s) for s in schedules]
@@ -93,7 +94,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     q = template.shape[0]
     rank, columns = torch.arange(w + 1, device=device), torch.arange(q, device=device)[None]
     ones = torch.ones(n, dtype=torch.long, device=device)
-    batch = BatchCache(0, slack, device)  # the cache and its validity mask; no per-row slot lists here
+    batch = BatchCache(0, slack, device, cache)  # the cache and its validity mask; no per-row slot lists here
     rows = list(range(n))  # the original index of each row still in the batch
     lengths = torch.tensor([p.numel() for p in prompts], device=device)
     out = torch.zeros(n, max_new_tokens + w + 1, dtype=torch.long, device=device)

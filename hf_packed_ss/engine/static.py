@@ -96,6 +96,26 @@ class SlotCache(Cache):
     def reset(self) -> None:
         self.length = 0
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Rows `indices` move to the first rows, in place (a batch's finished rows leave; the rows past them keep
+        their shape and are never seen again)."""
+        m = indices.numel()
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[:m] = layer.keys[indices].clone()
+                layer.values[:m] = layer.values[indices].clone()
+
+    def gather_columns(self, index: torch.Tensor) -> None:
+        """Row b keeps the slots `index[b]` (a `(rows, size)` LongTensor), in that order, as slots 0..size-1, in
+        place (a batch's compaction)."""
+        m, size = index.shape
+        for layer in self.layers:
+            if layer.is_initialized:
+                where = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                layer.keys[:m, :, :size] = layer.keys[:m].gather(2, where)
+                layer.values[:m, :, :size] = layer.values[:m].gather(2, where)
+        self.length = size
+
 
 def slot_mask(template: torch.Tensor, position: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """The ``(Q, capacity)`` mask of a call written at slot `position`: every row sees the slots below it (the

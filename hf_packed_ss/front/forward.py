@@ -116,6 +116,81 @@ class StaticForward:
         return logits[0]
 
 
+def _batch_step(model: torch.nn.Module, cache_kw: str):
+    """The compiled function of a lockstep batch: every row's call, its mask over every slot given."""
+
+    def step(input_ids, position_ids, attention_mask, kept, cache: SlotCache) -> torch.Tensor:
+        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
+                     logits_to_keep=kept, **{cache_kw: cache}).logits
+
+    return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
+
+
+class StaticBatchForward:
+    """The forward of a lockstep batch (`engine/lockstep.py`) over a `SlotCache` of `batch` rows: each call is
+    padded back to `batch` rows (the rows that finished leave the lockstep state; their cache rows stay, and their
+    stand-ins see only their own new slots) and its mask widened to every slot, so every steady call has one shape
+    and runs one compiled graph (the prompt's call runs eagerly)."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, compile_kwargs: dict | None):
+        self.model, self.batch = model, batch
+        self.mask_token_id = model.config.mask_token_id
+        self.cache_kw = cache_keyword(model)
+        self.graph = None if compile_kwargs is None else torch.compile(_batch_step(model, self.cache_kw),
+                                                                       **compile_kwargs)
+        self.compile_time_s = 0.0
+        self._gates: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, call, cache: SlotCache) -> torch.Tensor:
+        m, q = call.input_ids.shape
+        ids, positions, mask = call.input_ids, call.position_ids, cache_mask(call, cache.capacity)
+        cache.begin_call(q)
+        if m < self.batch:  # rows that left: stand-ins that see only their own new slots
+            extra = self.batch - m
+            ids = torch.cat([ids, ids.new_full((extra, q), self.mask_token_id)])
+            positions = torch.cat([positions, positions.new_zeros(extra, q)])
+            alone = torch.zeros(extra, 1, q, cache.capacity, dtype=torch.bool, device=mask.device)
+            alone[:, 0, torch.arange(q), cache.length + torch.arange(q)] = True
+            mask = torch.cat([mask, alone])
+        if self.graph is None or not cache.length:
+            with proposal_rows(self.model, call.proposal_start):
+                logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                                    logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
+        else:
+            gate = getattr(self.model, "_hf_packed_ss_gate", None)
+            if gate is not None:  # proposal rows as a tensor, as in `StaticForward`
+                key = (q, call.proposal_start)
+                gate.rows = self._gates.get(key)
+                if gate.rows is None:
+                    gate.rows = self._gates[key] = torch.arange(q, device=ids.device) >= call.proposal_start
+            graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
+            try:
+                logits = self.graph(ids, positions, mask, call.logit_rows, cache)
+            finally:
+                if gate is not None:
+                    gate.rows = None
+            if _GRAPHS["unique_graphs"] != graphs:
+                self.compile_time_s += time.perf_counter() - tic
+        cache.end_call(q)
+        return logits[:m]
+
+
+def static_batch_forward(model: torch.nn.Module, batch: int, capacity: int, compile_kwargs: dict | None
+                         ) -> tuple[StaticBatchForward, SlotCache]:
+    """`static_forward` for a lockstep batch of `batch` rows: kept on the model the same way."""
+    kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
+    key = ("batch", batch, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
+    forward, cache = kept.get(key, (None, None))
+    if forward is None:
+        forward = StaticBatchForward(model, batch, compile_kwargs)
+    if cache is None or cache.capacity < capacity:
+        capacity = -(-capacity // 128) * 128
+        cache = SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity, model.device)
+    cache.reset()
+    kept[key] = forward, cache
+    return forward, cache
+
+
 def static_forward(model: torch.nn.Module, rows: int, capacity: int, compile_kwargs: dict | None
                    ) -> tuple[StaticForward, SlotCache]:
     """The model's `StaticForward` for calls of `rows` rows and a `SlotCache` of at least `capacity` slots, both

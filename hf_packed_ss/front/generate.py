@@ -15,11 +15,12 @@ from transformers import CompileConfig, GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
+from ..engine.lockstep import eligible as lockstep_eligible
 from ..engine.static import steady_rows
 from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
 from .families import family
-from .forward import model_forward, static_forward
+from .forward import model_forward, static_batch_forward, static_forward
 from .stopping import StopSequenceCriteria, stopping
 from .validation import _reject, validate
 
@@ -156,9 +157,10 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
     with torch.inference_mode(), proposal_only_adapters(decoder):
         if config.cache_implementation == "static":
+            pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_static(decoder, config, schedules, layouts, prompts, max(0, max_new), eos,
                                            processors, stop, hooks.get("streamer"),
-                                           None if candidates is None else candidates.observe)
+                                           None if candidates is None else candidates.observe, pad)
         elif len(prompts) == 1:
             sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
                                      eos, processors, stop, hooks.get("streamer"),
@@ -176,13 +178,25 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
 
 
 def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts, max_new: int, eos, processors,
-                  stop, streamer, trace) -> tuple[list[torch.Tensor], DecodingStats]:
+                  stop, streamer, trace, pad_token_id: int) -> tuple[list[torch.Tensor], DecodingStats]:
     """`cache_implementation="static"`: each sequence through the model's `StaticForward` (one graph for every
     call after the prompt's, compiled by `compile_options`) over a `SlotCache` sized for the longest, kept on
-    the model for later calls. The rows of a batch run one after another through that graph."""
+    the model for later calls. A batch that can run in lockstep (greedy AR or Packed-SS, EOS and length only) runs
+    so through a `StaticBatchForward`; any other batch's rows run one after another through the one graph."""
     rows = steady_rows(schedules[0], layouts[0])
-    capacity = max(config.max_cache_len or 0, max(p.numel() for p in prompts) + max_new + 2 * rows)
-    forward, cache = static_forward(decoder, rows, capacity, compile_options(config, decoder.device))
+    longest = max(p.numel() for p in prompts)
+    options = compile_options(config, decoder.device)
+    if len(prompts) > 1 and lockstep_eligible(schedules, layouts, processors, stop):
+        slack = 8 * (schedules[0].width + 1)  # decode_batch's default: holes before a compaction
+        capacity = max(config.max_cache_len or 0, longest + max_new + slack + 2 * rows)
+        forward, cache = static_batch_forward(decoder, len(prompts), capacity, options)
+        compiled = forward.compile_time_s
+        outputs, stats = decode_batch(forward, schedules, layouts, prompts, max_new, eos, processors, stop,
+                                      pad_token_id=pad_token_id, slack=slack, lockstep=True, cache=cache)
+        stats.compile_time_s = forward.compile_time_s - compiled
+        return outputs, stats
+    capacity = max(config.max_cache_len or 0, longest + max_new + 2 * rows)
+    forward, cache = static_forward(decoder, rows, capacity, options)
     outputs, per_row = [], []
     for schedule, layout, prompt in zip(schedules, layouts, prompts, strict=True):
         compiled = forward.compile_time_s
