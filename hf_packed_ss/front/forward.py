@@ -175,11 +175,12 @@ class StaticBatchForward:
         return logits[:m]
 
 
-def static_batch_forward(model: torch.nn.Module, batch: int, capacity: int, compile_kwargs: dict | None
+def static_batch_forward(model: torch.nn.Module, batch: int, rows: int, capacity: int, compile_kwargs: dict | None
                          ) -> tuple[StaticBatchForward, SlotCache]:
-    """`static_forward` for a lockstep batch of `batch` rows: kept on the model the same way."""
+    """`static_forward` for a lockstep batch of `batch` rows whose steady calls have `rows` rows: kept on the model
+    the same way (one per shape, so each compiles one graph of its own)."""
     kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
-    key = ("batch", batch, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
+    key = ("batch", batch, rows, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
     forward, cache = kept.get(key, (None, None))
     if forward is None:
         forward = StaticBatchForward(model, batch, compile_kwargs)

@@ -189,7 +189,7 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
     if len(prompts) > 1 and lockstep_eligible(schedules, layouts, processors, stop):
         slack = 8 * (schedules[0].width + 1)  # decode_batch's default: holes before a compaction
         capacity = max(config.max_cache_len or 0, longest + max_new + slack + 2 * rows)
-        forward, cache = static_batch_forward(decoder, len(prompts), capacity, options)
+        forward, cache = static_batch_forward(decoder, len(prompts), rows, capacity, options)
         compiled = forward.compile_time_s
         outputs, stats = decode_batch(forward, schedules, layouts, prompts, max_new, eos, processors, stop,
                                       pad_token_id=pad_token_id, slack=slack, lockstep=True, cache=cache)
