@@ -329,6 +329,29 @@ def test_probe_predicts_with_the_layouts_default_shapes():
 # ---------------------------------------------------------------- end to end
 
 
+def test_bench_compile_runs_each_schedule_eager_and_compiled(tmp_path, capsys):
+    """`--compile`: each schedule and stock beside its static-cache compiled variant in one run, the same tokens,
+    no graph compiled while timed (the warm-up compiles), compile time apart, the call against a bare forward."""
+    out = tmp_path / "bench"
+    assert cli_main(["bench", "--model", "tiny-nemotron-random", "--limit", "2", "--max-new-tokens", "8", "--compile",
+                     "--schedules", "ar", "packed_ss", "stock", "--resamples", "50", "--out", str(out),
+                     "--no-progress"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["schedules"] == ["ar", "ar+compile", "packed_ss", "packed_ss+compile", "stock", "stock+compile"]
+    assert not results["errors"], results["errors"]
+    agg = results["aggregates"]
+    assert all(agg[s]["differs_from_ar"] == 0 and agg[s]["compiled_graphs"] == 0 for s in results["schedules"][1:])
+    section = results["compiled"]
+    assert [row["schedule"] for row in section["schedules"]] == ["ar", "packed_ss", "stock"]
+    assert all(row["compile_s"] > 0 for row in section["schedules"][:2])  # ours: the warm-up compiled
+    assert [row["schedule"] for row in section["vs_stock"]] == ["ar+compile", "packed_ss+compile"]
+    limit = section["limit"]
+    assert limit["rows"] == 32 and limit["bare_forward_ms"] > 0 and limit["call_ratio"] > 0
+    assert dict(results["config"]["settings"]["cache_lengths"])["packed_ss"] % 128 == 0
+    assert "The limit: a compiled packed_ss call of 32 rows" in (out / "report.md").read_text()
+    assert "Compiled (static cache + torch.compile) vs eager" in capsys.readouterr().out
+
+
 def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     code = cli_main(["bench", "--model", "tiny-nemotron-random", "--limit", "2", "--max-new-tokens", "8",

@@ -46,28 +46,52 @@ def _step(model: torch.nn.Module, cache_kw: str):
     compiles one graph of its own shape."""
 
     def step(input_ids, position_ids, template, kept, cache: SlotCache) -> torch.Tensor:
-        mask = slot_mask(template, cache.position, cache.columns)
-        mask = mask[:, None] if mask.dim() == 3 else mask[None, None]
+        mask = slot_mask(template, cache.position, cache.columns)[None, None]
         return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
                      logits_to_keep=kept, **{cache_kw: cache}).logits
 
     return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
 
 
-class StaticForward:
+class _Compiled:
+    """What both static forwards share: the compiled graph, its compile time, and a proposal-only adapter's rows."""
+
+    def __init__(self, model: torch.nn.Module, step, compile_kwargs: dict | None):
+        self.model, self.cache_kw = model, cache_keyword(model)
+        self.mask_token_id = model.config.mask_token_id
+        self.graph = None if compile_kwargs is None else torch.compile(step(model, self.cache_kw), **compile_kwargs)
+        self.compile_time_s = 0.0
+        self._gates: dict[tuple[int, int], torch.Tensor] = {}
+
+    def compiled(self, *inputs, rows: int, start: int) -> torch.Tensor:
+        """The graph on `inputs`; a compiled call marks an adapter's proposal rows (`start:` of `rows`) with a cached
+        bool tensor, as a changing `start` would be a new graph. Counts the time of a call that compiled."""
+        gate = getattr(self.model, "_hf_packed_ss_gate", None)
+        if gate is not None:
+            gate.rows = self._gates.get((rows, start))
+            if gate.rows is None:
+                gate.rows = self._gates[rows, start] = torch.arange(rows, device=inputs[0].device) >= start
+        graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
+        try:
+            logits = self.graph(*inputs)
+        finally:
+            if gate is not None:
+                gate.rows = None
+        if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
+            self.compile_time_s += time.perf_counter() - tic
+        return logits
+
+
+class StaticForward(_Compiled):
     """The forward of one sequence over a `SlotCache`: every call after the prompt's, padded to `rows` rows, runs
     one compiled graph (`compile_kwargs`: `torch.compile`'s, None to run it eagerly); the prompt's call, and any
     call larger than `rows`, run eagerly over the same cache. `compile_time_s` is the time of the calls that
     compiled."""
 
     def __init__(self, model: torch.nn.Module, rows: int, compile_kwargs: dict | None):
-        self.model, self.rows = model, rows
-        self.mask_token_id = model.config.mask_token_id
-        self.cache_kw = cache_keyword(model)
-        self.graph = None if compile_kwargs is None else torch.compile(_step(model, self.cache_kw), **compile_kwargs)
-        self.compile_time_s = 0.0
+        super().__init__(model, _step, compile_kwargs)
+        self.rows = rows
         self._padded: dict = {}  # per layout template / kept rows (the same objects every call of a shape)
-        self._gates: dict[int, torch.Tensor] = {}  # proposal rows from each start, as a bool tensor
 
     def _pad(self, tensor: torch.Tensor, pad) -> torch.Tensor:
         """`pad(tensor)`, made once per tensor (held beside its padding, so its id is not reused)."""
@@ -88,20 +112,7 @@ class StaticForward:
             ids, positions = pad_rows(ids, positions, rows, self.mask_token_id)
         template = self._pad(call.new_rows_mask, lambda t: pad_template(t, rows))
         kept = self._pad(call.logit_rows, lambda k: torch.cat([k, k[-1:].expand(rows - k.numel())]))
-        gate = getattr(self.model, "_hf_packed_ss_gate", None)
-        if gate is not None:  # a compiled call marks proposal rows with a tensor: a changing start is a new graph
-            start = call.proposal_start
-            gate.rows = self._gates.get(start)
-            if gate.rows is None:
-                gate.rows = self._gates[start] = torch.arange(rows, device=ids.device) >= start
-        graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
-        try:
-            logits = self.graph(ids, positions, template, kept, cache)
-        finally:
-            if gate is not None:
-                gate.rows = None
-        if _GRAPHS["unique_graphs"] != graphs:  # this call compiled a graph
-            self.compile_time_s += time.perf_counter() - tic
+        logits = self.compiled(ids, positions, template, kept, cache, rows=rows, start=call.proposal_start)
         cache.end_call(q)
         return logits[0, : call.logit_rows.numel()]
 
@@ -126,20 +137,15 @@ def _batch_step(model: torch.nn.Module, cache_kw: str):
     return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
 
 
-class StaticBatchForward:
+class StaticBatchForward(_Compiled):
     """The forward of a lockstep batch (`engine/lockstep.py`) over a `SlotCache` of `batch` rows: each call is
     padded back to `batch` rows (the rows that finished leave the lockstep state; their cache rows stay, and their
     stand-ins see only their own new slots) and its mask widened to every slot, so every steady call has one shape
     and runs one compiled graph (the prompt's call runs eagerly)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, compile_kwargs: dict | None):
-        self.model, self.batch = model, batch
-        self.mask_token_id = model.config.mask_token_id
-        self.cache_kw = cache_keyword(model)
-        self.graph = None if compile_kwargs is None else torch.compile(_batch_step(model, self.cache_kw),
-                                                                       **compile_kwargs)
-        self.compile_time_s = 0.0
-        self._gates: dict[tuple[int, int], torch.Tensor] = {}
+        super().__init__(model, _batch_step, compile_kwargs)
+        self.batch = batch
 
     def __call__(self, call, cache: SlotCache) -> torch.Tensor:
         m, q = call.input_ids.shape
@@ -157,55 +163,37 @@ class StaticBatchForward:
                 logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                                     logits_to_keep=call.logit_rows, **{self.cache_kw: cache}).logits
         else:
-            gate = getattr(self.model, "_hf_packed_ss_gate", None)
-            if gate is not None:  # proposal rows as a tensor, as in `StaticForward`
-                key = (q, call.proposal_start)
-                gate.rows = self._gates.get(key)
-                if gate.rows is None:
-                    gate.rows = self._gates[key] = torch.arange(q, device=ids.device) >= call.proposal_start
-            graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
-            try:
-                logits = self.graph(ids, positions, mask, call.logit_rows, cache)
-            finally:
-                if gate is not None:
-                    gate.rows = None
-            if _GRAPHS["unique_graphs"] != graphs:
-                self.compile_time_s += time.perf_counter() - tic
+            logits = self.compiled(ids, positions, mask, call.logit_rows, cache, rows=q, start=call.proposal_start)
         cache.end_call(q)
         return logits[:m]
 
 
 def static_batch_forward(model: torch.nn.Module, batch: int, rows: int, capacity: int, compile_kwargs: dict | None
                          ) -> tuple[StaticBatchForward, SlotCache]:
-    """`static_forward` for a lockstep batch of `batch` rows whose steady calls have `rows` rows: kept on the model
-    the same way (one per shape, so each compiles one graph of its own)."""
-    kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
-    key = ("batch", batch, rows, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
-    forward, cache = kept.get(key, (None, None))
-    if forward is None:
-        forward = StaticBatchForward(model, batch, compile_kwargs)
-    if cache is None or cache.capacity < capacity:
-        capacity = -(-capacity // 128) * 128
-        cache = SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity, model.device)
-    cache.reset()
-    kept[key] = forward, cache
-    return forward, cache
+    """`static_forward` for a lockstep batch of `batch` rows whose steady calls have `rows` rows."""
+    return _kept(model, ("batch", batch, rows, compile_kwargs), capacity,
+                 lambda: StaticBatchForward(model, batch, compile_kwargs))
 
 
 def static_forward(model: torch.nn.Module, rows: int, capacity: int, compile_kwargs: dict | None
                    ) -> tuple[StaticForward, SlotCache]:
-    """The model's `StaticForward` for calls of `rows` rows and a `SlotCache` of at least `capacity` slots, both
-    kept on the model, as `generate` keeps its static cache: a later decode that fits reuses them, so its calls
-    run the graph already compiled (a larger cache is a new graph)."""
+    """The model's `StaticForward` for calls of `rows` rows and a `SlotCache` of at least `capacity` slots."""
+    return _kept(model, (rows, compile_kwargs), capacity, lambda: StaticForward(model, rows, compile_kwargs))
+
+
+def _kept(model: torch.nn.Module, key: tuple, capacity: int, make):
+    """A forward (made by `make` once per `key`: one per shape and compile options, so each compiles one graph of
+    its own) and its `SlotCache`, both kept on the model, as stock `generate` keeps its static cache: a later decode
+    that fits reuses them and the graph already compiled (a larger cache is allocated, rounded up to 128 slots so
+    nearby lengths share it, and is a new graph)."""
     kept = model.__dict__.setdefault("_hf_packed_ss_static", {})
-    key = (rows, repr(sorted(compile_kwargs.items())) if compile_kwargs is not None else None)
+    key = tuple(repr(sorted(k.items())) if isinstance(k, dict) else k for k in key)
     forward, cache = kept.get(key, (None, None))
     if forward is None:
-        forward = StaticForward(model, rows, compile_kwargs)
-    if cache is None or cache.capacity < capacity:  # rounded up: nearby lengths share the cache and its graph
+        forward = make()
+    if cache is None or cache.capacity < capacity:
         capacity = -(-capacity // 128) * 128
-        layers = model.config.get_text_config(decoder=True).num_hidden_layers
-        cache = SlotCache(layers, capacity, model.device)
+        cache = SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity, model.device)
     cache.reset()
     kept[key] = forward, cache
     return forward, cache
