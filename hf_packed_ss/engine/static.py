@@ -156,9 +156,16 @@ def steady_rows(schedule, layout) -> int:
     padded to. Read from the engine itself, with no model: copies of the schedule are driven through the real
     loop by logits that reject every draft token and by logits that accept them all (`model_free_calls`); the
     native decoder's largest call (every position committed) comes from the second."""
-    width = max(getattr(schedule, "width", 1), 1)
-    return max(max(rows for rows, _ in model_free_calls(schedule, layout, accept, 4 * width + 8)[1:])
-               for accept in (False, True))
+    key = (type(schedule), schedule.width, schedule.speculative_branches, schedule.scores_order,
+           schedule.context_length, type(layout), layout.static_shapes)  # what the call shapes depend on
+    if key not in _STEADY_ROWS:  # once per shape: the drive costs a few milliseconds, a generate call's set-up
+        width = max(schedule.width, 1)
+        _STEADY_ROWS[key] = max(max(rows for rows, _ in model_free_calls(schedule, layout, accept, 4 * width + 8)[1:])
+                                for accept in (False, True))
+    return _STEADY_ROWS[key]
+
+
+_STEADY_ROWS: dict[tuple, int] = {}
 
 
 # A model-free stand-in for the model when a schedule is driven through its real layout: vocabulary 3, MASK = 2.
