@@ -212,7 +212,8 @@ def test_generate_batch_on_setdlm_equals_each_prompt_alone(setdlm):
     ("empty_row", "all padding"),
     ("values", "0 \\(padding\\) and 1"),
     ("return_sequences", "num_return_sequences"),
-    ("streamer", "Streamers take one sequence"),
+    ("streamer", "A streamer takes one sequence"),
+    ("streamers", "list of 1 streamers for a batch of 2"),
     ("no_pad", "pad_token_id"),
 ])
 def test_bad_batches_get_clear_errors(nemotron, bad, match):
@@ -233,6 +234,8 @@ def test_bad_batches_get_clear_errors(nemotron, bad, match):
         options.update(num_return_sequences=2, do_sample=True)
     elif bad == "streamer":
         options["streamer"] = Collect()
+    elif bad == "streamers":
+        options["streamer"] = [Collect()]
     elif bad == "no_pad":
         options.update(pad_token_id=None, stop_sequences=[[4]])
     with pytest.raises(ValueError, match=match):
@@ -412,3 +415,54 @@ def test_native_batches_with_a_sliding_context(monkeypatch, context):
     for b, p in enumerate(prompts):
         alone = model.generate(p[None], **options)
         assert out[b, ids.shape[1]:].tolist() == alone[0, p.numel():].tolist()
+
+
+class CancelAfter(Collect):
+    """A streamer whose consumer leaves once it has `tokens` new tokens (a server's client disconnecting)."""
+
+    def __init__(self, tokens: int | None):
+        super().__init__()
+        self.tokens = tokens
+
+    @property
+    def cancelled(self) -> bool:
+        return self.tokens is not None and sum(map(len, self.puts[1:])) >= self.tokens
+
+
+@pytest.mark.parametrize("mode,static", [("packed_ss", False), ("linear_ss", False), ("packed_ss", True),
+                                         ("ar", False)])
+def test_per_row_streamers_see_their_row_and_a_cancelled_row_leaves(trained, mode, static):
+    """streamer=[one per row]: each gets its prompt then exactly its row's new tokens, and `end` once (lockstep,
+    row-by-row and static-cache batches); a row whose streamer turns `cancelled` stops with a prefix of its output
+    and leaves the batch (later calls are narrower), the other rows unchanged."""
+    model, tokenizer = trained
+    prompts = _questions(tokenizer, 3, skip=4)
+    ids, mask = _left_padded(prompts, pad=tokenizer.eos_token_id)
+    options = dict(attention_mask=mask, assistant_mode=mode, max_new_tokens=40, pad_token_id=tokenizer.eos_token_id,
+                   return_dict_in_generate=True)
+    if static:
+        options["cache_implementation"] = "static"
+    full = model.generate(ids, streamer=[Collect() for _ in prompts], **options)
+    streamers = [CancelAfter(None), CancelAfter(3), CancelAfter(None)]
+    cut = model.generate(ids, streamer=streamers, **options)
+    new = [row[ids.shape[1]:].tolist() for row in full.sequences]
+    for b, (p, streamer) in enumerate(zip(prompts, streamers, strict=True)):
+        assert streamer.puts[0] == p.tolist() and streamer.ended
+        got = [t for put in streamer.puts[1:] for t in put]
+        if b == 1:
+            assert 3 <= len(got) < 40 and got == new[b][: len(got)]
+            assert cut.sequences[b, ids.shape[1]:].tolist()[: len(got)] == got
+        else:
+            assert got == cut.sequences[b, ids.shape[1]:].tolist()[: len(got)] == new[b][: len(got)]
+            assert len(got) == full.decoding_stats.per_row[b].new_tokens
+    rows = cut.decoding_stats.rows_per_call
+    if not static:  # the static batch pads a left row back: its graph keeps one shape
+        assert cut.decoding_stats.per_row[1].nfe < cut.decoding_stats.nfe and rows[-1] < max(rows[1:])
+
+
+def test_a_cancelled_streamer_ends_a_single_decode_early(nemotron):
+    ids = torch.tensor([[5, 6, 7, 8]])
+    full = nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=30)
+    streamer = CancelAfter(4)
+    out = nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=30, streamer=streamer)
+    assert streamer.ended and 4 <= out.shape[1] - 4 < 30 and out[0].tolist() == full[0, : out.shape[1]].tolist()

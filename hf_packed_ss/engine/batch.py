@@ -176,7 +176,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
                  max_new_tokens: int, eos_token_ids: Iterable[int] = (), processors=None,
                  stop: Callable[[torch.Tensor], bool] | None = None, pad_token_id: int = 0,
                  slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None,
-                 lockstep: bool | None = None, cache=None) -> tuple[list[torch.Tensor], DecodingStats]:
+                 lockstep: bool | None = None, cache=None, streamers: Sequence | None = None
+                 ) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode `prompts` (1D LongTensors) together, row b with `schedules[b]` on `layouts[b]` (one of each per
     row: they hold that row's draft and mask buffer). Returns every row's prompt + output, as `decode` would
     return it alone, and the batch's statistics: `nfe` batched calls, `rows_per_call` the rows each computed
@@ -187,7 +188,9 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     `trace(batch_cache, call)` sees every call after its commit (tests). `lockstep`: decode every row in the same
     tensors (`lockstep.py`; by default whenever the batch can: greedy AR or Packed-SS on the plain shifted-block
     layout, stopped by EOS and the length limit only), else each row in its own loop. `cache`: the batch's KV
-    cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch)."""
+    cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch). `streamers`: one streamer
+    (or None) per row, fed as `decode` feeds its one; a row whose streamer turns `cancelled` leaves the batch
+    after the round, with the tokens it has (a server's client that disconnected frees its row)."""
     from . import lockstep as tensors
 
     device = prompts[0].device
@@ -198,8 +201,9 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
                          "layout, stopped by EOS and the length limit only.")
     if can if lockstep is None else lockstep:
         return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
-                                       layouts[0].mask_token_id, slack, trace, cache)
+                                       layouts[0].mask_token_id, slack, trace, cache, streamers)
     stats = [new_stats(s) for s in schedules]
+    streamers = [None] * len(prompts) if streamers is None else list(streamers)
     eos = tuple(eos_token_ids)
     if cache is not None:
         raise ValueError("Only a lockstep batch decodes over a given cache.")
@@ -216,7 +220,7 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
         stats[b].decoder_time_s = time.perf_counter() - start
 
     for b, prompt in enumerate(prompts):
-        run = decoding(schedules[b], layouts[b], prompt, max_new_tokens, eos, processors, stop, None,
+        run = decoding(schedules[b], layouts[b], prompt, max_new_tokens, eos, processors, stop, streamers[b],
                        batch.rows[b], None, stats[b])
         try:
             calls.append(next(run))

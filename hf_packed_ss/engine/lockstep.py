@@ -29,7 +29,7 @@ from .acceptance import Greedy, greedy_tokens
 from .batch import BatchCache, BatchForward
 from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
-from .loop import _sync, new_stats, timed
+from .loop import _sync, cancelled, new_stats, timed
 from .schedules import ARSchedule, PackedSSSchedule
 from .stats import DecodingStats
 
@@ -71,19 +71,28 @@ def first_call(prompts: Sequence[torch.Tensor], width: int, drafting: bool, mask
 
 def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequence[torch.Tensor],
                     max_new_tokens: int, eos_token_ids, pad_token_id: int, mask_token_id: int, slack: int,
-                    trace=None, cache=None) -> tuple[list[torch.Tensor], DecodingStats]:
+                    trace=None, cache=None, streamers: Sequence | None = None
+                    ) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode the batch in lockstep (see the module docstring). Returns what `decode_batch` returns. `cache`: the
-    batch's KV cache (a `SlotCache` for compiled calls; default a DynamicCache)."""
+    batch's KV cache (a `SlotCache` for compiled calls; default a DynamicCache). `streamers`: per row, as
+    `decode_batch`'s (their tokens ride on the round's one sync)."""
     device, n = prompts[0].device, len(prompts)
     width, drafting = schedules[0].width, isinstance(schedules[0], PackedSSSchedule)
     stats = [new_stats(s) for s in schedules]
     total = DecodingStats(schedule=stats[0].schedule, width=stats[0].width, per_row=list(stats))
     outputs: list[torch.Tensor | None] = [None] * n
+    streamers = [None] * n if streamers is None else list(streamers)
+    streaming = any(s is not None for s in streamers)
+    for streamer, p in zip(streamers, prompts, strict=True):
+        if streamer is not None:
+            streamer.put(p.cpu())
     start = time.perf_counter()
     _sync(device)
-    if max_new_tokens <= 0:
+    if max_new_tokens <= 0 or all(cancelled(s) for s in streamers):
         for b, p in enumerate(prompts):
             outputs[b], stats[b].decoder_time_s = p.clone(), time.perf_counter() - start
+            if streamers[b] is not None:
+                streamers[b].end()
         return outputs, total
     eos_ids = sorted(set(eos_token_ids))
     eos = torch.tensor(eos_ids or [-1], device=device)
@@ -140,17 +149,24 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
             ended = before < a if eos_ids else a == 0
         out.scatter_(1, done_count[:, None] + ranks, verified)
         done_count = done_count + accepted
-        host = torch.cat([accepted, ended.long()]).tolist()  # the round's one sync
+        pieces = [accepted, ended.long(), verified.flatten()] if streaming else [accepted, ended.long()]
+        host = torch.cat(pieces).tolist()  # the round's one sync
         now = time.perf_counter()
         stay = []
         for i, b in enumerate(rows):
             got = host[i]
             stats[b].accepted_per_iteration.append(got)
             produced[i] += got
-            if host[m + i] or produced[i] >= max_new_tokens:
+            streamer = streamers[b]
+            if streamer is not None and got:
+                at = 2 * m + i * verified.shape[1]
+                streamer.put(torch.tensor(host[at : at + got], dtype=torch.long))
+            if host[m + i] or produced[i] >= max_new_tokens or cancelled(streamer):
                 stats[b].new_tokens = produced[i]
                 outputs[b] = torch.cat([prompts[b], out[i, : produced[i]]])
                 stats[b].decoder_time_s = now - start
+                if streamer is not None:
+                    streamer.end()
             else:
                 stay.append(i)
                 held[i] += got if added else 0  # a continuing row keeps l and its h = A - 1 accepted drafts

@@ -182,7 +182,7 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
     streamed = 0
     if streamer is not None:
         streamer.put(prompt.cpu())
-    while state.left <= state.end:
+    while state.left <= state.end and not cancelled(streamer):  # a consumer that left ends it early
         # 1. ask: the schedule plans the call over the window, the layout lays it out
         plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
         call = layout.build(plan, state)
@@ -228,6 +228,12 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
     return state.prefix().clone(), stats
 
 
+def cancelled(streamer) -> bool:
+    """A streamer whose `cancelled` is true wants no more tokens: its sequence ends after the current
+    iteration (with the tokens accepted so far), and in a batch it leaves, freeing its row."""
+    return bool(getattr(streamer, "cancelled", False))
+
+
 def new_stats(schedule) -> DecodingStats:
     return DecodingStats(schedule=schedule.name, width=schedule.width if schedule.speculative else 0,
                          speculative_branches=schedule.speculative_branches)
@@ -250,7 +256,8 @@ def decode(
 
     `processors` is a transformers `LogitsProcessorList` (or None); sampling vs greedy is the schedule's
     acceptance policy. `stop(sequence)` is asked after every accepted token. `streamer` gets the prompt, then
-    each newly contiguous run of output. `trace(step)` sees every call (tests, the candidate generator)."""
+    each newly contiguous run of output; one that turns `cancelled` ends the decode early (`cancelled`).
+    `trace(step)` sees every call (tests, the candidate generator)."""
     cache = DynamicCache() if cache is None else cache
     stats = new_stats(schedule)
     device = prompt.device

@@ -155,21 +155,24 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     # only a dict output returns the candidate generator, so only then is it made and told every verification
     wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
+    streamers = hooks.get("streamer")
+    streamers = list(streamers) if isinstance(streamers, list | tuple) else [streamers]  # one per row
     with torch.inference_mode(), proposal_only_adapters(decoder):
         if config.cache_implementation == "static":
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_static(decoder, config, schedules, layouts, prompts, max(0, max_new), eos,
-                                           processors, stop, hooks.get("streamer"),
+                                           processors, stop, streamers,
                                            None if candidates is None else candidates.observe, pad)
         elif len(prompts) == 1:
             sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
-                                     eos, processors, stop, hooks.get("streamer"),
+                                     eos, processors, stop, streamers[0],
                                      trace=None if candidates is None else candidates.observe)
             outputs = [sequence]
         else:
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_batch(model_forward(decoder, batched=True), schedules, layouts, prompts,
-                                          max(0, max_new), eos, processors, stop, pad_token_id=pad)
+                                          max(0, max_new), eos, processors, stop, pad_token_id=pad,
+                                          streamers=streamers)
     sequences = padded(input_ids, prompts, outputs, config.pad_token_id if config.pad_token_id is not None
                        else (eos or [0])[0])
     if config.return_dict_in_generate:
@@ -178,7 +181,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
 
 
 def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts, max_new: int, eos, processors,
-                  stop, streamer, trace, pad_token_id: int) -> tuple[list[torch.Tensor], DecodingStats]:
+                  stop, streamers, trace, pad_token_id: int) -> tuple[list[torch.Tensor], DecodingStats]:
     """`cache_implementation="static"`: each sequence through the model's `StaticForward` (one graph for every
     call after the prompt's, compiled by `compile_options`) over a `SlotCache` sized for the longest, kept on
     the model for later calls. A batch that can run in lockstep (greedy AR or Packed-SS, EOS and length only) runs
@@ -192,13 +195,14 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
         forward, cache = static_batch_forward(decoder, len(prompts), rows, capacity, options)
         compiled = forward.compile_time_s
         outputs, stats = decode_batch(forward, schedules, layouts, prompts, max_new, eos, processors, stop,
-                                      pad_token_id=pad_token_id, slack=slack, lockstep=True, cache=cache)
+                                      pad_token_id=pad_token_id, slack=slack, lockstep=True, cache=cache,
+                                      streamers=streamers)
         stats.compile_time_s = forward.compile_time_s - compiled
         return outputs, stats
     capacity = max(config.max_cache_len or 0, longest + max_new + 2 * rows)
     forward, cache = static_forward(decoder, rows, capacity, options)
     outputs, per_row = [], []
-    for schedule, layout, prompt in zip(schedules, layouts, prompts, strict=True):
+    for schedule, layout, prompt, streamer in zip(schedules, layouts, prompts, streamers, strict=True):
         compiled = forward.compile_time_s
         cache.reset()
         sequence, stats = decode(forward, schedule, layout, prompt, max_new, eos, processors, stop, streamer,

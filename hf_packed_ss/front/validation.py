@@ -107,10 +107,17 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     )
     if mask is not None and mask.dim() == 2:
         check_padding(mask, input_ids)
+    streamer = hooks.get("streamer")
+    per_row = isinstance(streamer, list | tuple)
     _reject(
-        input_ids.shape[0] > 1 and hooks.get("streamer") is not None,
-        "Streamers take one sequence: streaming with assistant_mode needs batch size 1 (as transformers' "
-        "TextStreamer), so decode that prompt alone to stream it.",
+        input_ids.shape[0] > 1 and streamer is not None and not per_row,
+        "A streamer takes one sequence (as transformers' TextStreamer): to stream a batch with assistant_mode, "
+        "pass streamer=[one streamer (or None) per row].",
+    )
+    _reject(
+        per_row and len(streamer) != input_ids.shape[0],
+        f"streamer= is a list of {len(streamer) if per_row else 0} streamers for a batch of {input_ids.shape[0]} "
+        "rows: pass one streamer (or None) per row.",
     )
     can_end_early = config.eos_token_id is not None or bool(hooks.get("stopping_criteria")) or any(
         x is not None for x in (config.stop_strings, options["stop_sequences"], config.max_time))
