@@ -10,6 +10,7 @@ from .forward import model_forward
 from .generate import (
     PackedSSGenerateOutput,
     SpeculativeGenerationMixin,
+    check_generate,
     length_defaults,
     new_token_budget,
     speculative_generate,
@@ -35,6 +36,7 @@ __all__ = [
     "model_forward",
     "new_token_budget",
     "speculative_generate",
+    "check_generate",
     "stopping",
     "takers",
     "validate",

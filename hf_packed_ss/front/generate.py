@@ -79,6 +79,21 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
 
     Precedence: explicit kwargs > the `generation_config` passed > `model.generation_config`.
     """
+    request = _request(model, args, kwargs)
+    if request is None:
+        return stock_generate(*args, **kwargs)
+    return _decode(model, *request)
+
+
+def check_generate(model, *args, **kwargs) -> None:
+    """Raise the `ValueError` that `model.generate(*args, **kwargs)` would raise for these options, without
+    decoding or touching the model (a server checks a request before it joins a batch); without
+    `assistant_mode` nothing is checked (stock generate checks its own)."""
+    _request(model, args, dict(kwargs))
+
+
+def _request(model, args: tuple, kwargs: dict):
+    """The options resolved and validated; None for stock generate (`kwargs` then holds what it gets)."""
     generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
     base = generation_config if generation_config is not None else model.generation_config
     given = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
@@ -97,7 +112,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
         if options["stop_sequences"]:  # stock generate gets the same criterion
             criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
             kwargs["stopping_criteria"] = criteria + [StopSequenceCriteria(options["stop_sequences"])]
-        return stock_generate(*args, **kwargs)
+        return None
 
     _reject(len(args) > 2, "Pass generate options other than the prompt and generation_config as keywords.")
     inputs = args[0] if args else kwargs.pop("inputs", None)
@@ -118,6 +133,12 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model runs through its twin
     width = validate(decoder, options, input_ids, config, model_kwargs, hooks)
+    return options, input_ids, config, model_kwargs, hooks, decoder, width, max_new, defaults
+
+
+def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
+            hooks: dict, decoder, width: int, max_new: int | None, defaults: tuple[bool, bool]):
+    """Decode a validated request (`_request`'s) with the engine; what `generate` returns."""
     mask = model_kwargs.pop("attention_mask", None)  # validated: left padding only; the layouts build the masks
     prompts = [ids if mask is None else ids[mask[b].bool()] for b, ids in enumerate(input_ids)]
 
@@ -156,7 +177,7 @@ def speculative_generate(model, stock_generate, *args, **kwargs):
     wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
     streamers = hooks.get("streamer")
-    streamers = list(streamers) if isinstance(streamers, list | tuple) else [streamers]  # one per row
+    streamers = list(streamers) if isinstance(streamers, list | tuple) else [streamers] * len(prompts)  # per row
     with torch.inference_mode(), proposal_only_adapters(decoder):
         if config.cache_implementation == "static":
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]

@@ -281,6 +281,7 @@ DELEGATES = {
     "probe": ("bench.probe", "fit the tau + delta * n call cost and predict the fastest schedule"),
     "overhead": ("bench.overhead", "the decoder's own time per call against the context length"),
     "publish": ("publish", "assemble (and upload) the Hub folder of a bundled checkpoint"),
+    "serve": ("serve", "an OpenAI-compatible server that batches concurrent requests (pip install -e '.[serve]')"),
     "demo": ("demo", "start the Gradio app in which the schedules race side by side (pip install -e '.[demo]')"),
 }
 

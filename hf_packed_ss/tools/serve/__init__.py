@@ -1,0 +1,90 @@
+"""``hf-packed-ss serve MODEL``: an OpenAI-compatible server that decodes with Packed-SS (or any schedule a request
+names), batching concurrent requests (`batcher.py`) behind the endpoints of `app.py`.
+
+Why not `transformers serve`: its handlers run generation through its own managers (one `generate` at a time, or
+continuous batching that calls the model's forward itself and bypasses our decoder), which live in the private
+`transformers.cli.serving.utils`; batching our rows would mean patching them. The endpoints and chunk format are
+OpenAI's, as transformers serve's are; the model loads the same way (`from_pretrained` of a local folder or a
+bundled name, never the network)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-packed-ss serve", description=__doc__.splitlines()[0])
+    p.add_argument("model", help="a bundled checkpoint name (hf_packed_ss.bundled.names()) or a local folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only; 0.0.0.0 "
+                   "listens on every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL's name)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--assistant-mode", default=None, help="the schedule for requests that name none (default: the "
+                   "model's generation config, else packed_ss); a request sets its own in extra_body")
+    p.add_argument("--speculative-width", type=int, default=None, help="the default width W")
+    p.add_argument("--max-batch-size", type=int, default=8, help="most requests decoded in one batch")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long the first waiting request waits for "
+                   "others to join its batch")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 503")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + max_tokens (default: the "
+                   "model's max_position_embeddings)")
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template file, for a model without one")
+    p.add_argument("--compile", action="store_true", help="a static cache and torch.compile (one graph per "
+                   "decode shape; the first request of each shape compiles)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def load(args: argparse.Namespace):
+    """The model, its tokenizer and the name clients use, with the server's defaults in its generation config."""
+    from transformers import CompileConfig
+
+    from ..cli import load_model
+
+    model, tokenizer = load_model(args.model, DTYPES[args.dtype])
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    model = model.to("cpu" if device == "auto" else device).eval()
+    if args.chat_template:
+        tokenizer.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
+    config = model.generation_config
+    config.assistant_mode = args.assistant_mode or getattr(config, "assistant_mode", None) or "packed_ss"
+    if args.speculative_width is not None:
+        config.speculative_width = args.speculative_width
+    if args.compile:
+        config.cache_implementation, config.compile_config = "static", CompileConfig()
+    return model, tokenizer, args.served_model_name or Path(args.model).name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import uvicorn
+
+    from ...front import check_generate
+    from .app import build_app
+    from .batcher import Batcher
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        model, tokenizer, name = load(args)
+        config = model.generation_config
+        check_generate(model, torch.tensor([[0]]), max_new_tokens=1, streamer=[None],
+                       pad_token_id=config.pad_token_id if config.pad_token_id is not None else 0)
+        batcher = Batcher(model, tokenizer, args.max_batch_size, args.max_wait_ms / 1000, args.max_queue)
+    except (ValueError, OSError) as error:
+        print(f"hf-packed-ss serve: {error}", file=sys.stderr)
+        return 2
+    context = args.max_model_len or getattr(model.config, "max_position_embeddings", None)
+    app = build_app(model, tokenizer, name, batcher, context)
+    print(f"serving {name} ({config.assistant_mode}) on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
