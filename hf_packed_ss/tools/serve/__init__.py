@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(args: argparse.Namespace):
+def prepare(args: argparse.Namespace):
     """The model, its tokenizer and the name clients use, with the server's defaults in its generation config."""
     from transformers import CompileConfig
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        model, tokenizer, name = load(args)
+        model, tokenizer, name = prepare(args)
         config = model.generation_config
         check_generate(model, torch.tensor([[0]]), max_new_tokens=1, streamer=[None],
                        pad_token_id=config.pad_token_id if config.pad_token_id is not None else 0)
@@ -87,4 +87,5 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app(model, tokenizer, name, batcher, context)
     print(f"serving {name} ({config.assistant_mode}) on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    print(f"hf-packed-ss serve: stopped after {batcher.batches} batches of {batcher.rows} requests", flush=True)
     return 0
