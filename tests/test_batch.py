@@ -466,3 +466,61 @@ def test_a_cancelled_streamer_ends_a_single_decode_early(nemotron):
     streamer = CancelAfter(4)
     out = nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=30, streamer=streamer)
     assert streamer.ended and 4 <= out.shape[1] - 4 < 30 and out[0].tolist() == full[0, : out.shape[1]].tolist()
+
+
+def _arrivals(model, tokenizer, mode, width, plan):
+    """An `admit` that hands the batch new prompts (GSM8K questions) at given rounds: plan = {round: [limits]}."""
+    from hf_packed_ss.engine import ShiftedBlockLayout
+    from hf_packed_ss.engine.batch import Arrival
+
+    questions = iter(_questions(tokenizer, sum(map(len, plan.values())), skip=9))
+    joined, calls = [], [0]
+
+    def admit():
+        calls[0] += 1
+        new = [Arrival(schedule_for(model, mode, width), ShiftedBlockLayout(model.config.mask_token_id),
+                       next(questions), limit) for limit in plan.get(calls[0], [])]
+        joined.extend(new)
+        return new
+
+    return admit, joined
+
+
+@pytest.mark.parametrize("mode,width,lockstep", [("packed_ss", 7, True), ("ar", 1, True), ("packed_ss", 3, False),
+                                                 ("linear_ss", 4, False)])
+def test_rows_that_join_a_running_batch_are_their_solo_decodes(trained, mode, width, lockstep):
+    """Continuous batching: prompts that join mid-decode (own limits, several rounds, one after the first rows
+    finished) each get exactly their solo tokens and calls; the batch's cache stays exact (its length is the
+    physical cache's)."""
+    model, tokenizer = trained
+    prompts, eos = _questions(tokenizer, 3), [tokenizer.eos_token_id]
+    admit, joined = _arrivals(model, tokenizer, mode, width, {1: [20, 60], 4: [50], 9: [8, 30], 200: [25]})
+    seen = []
+    forward = model_forward(model, batched=True)
+    with torch.no_grad():
+        got, total = decode_batch(forward, *_plain(model, mode, width, 3), prompts, 40, eos, lockstep=lockstep,
+                                  admit=admit, trace=lambda batch, call: seen.append(
+                                      (batch.length, batch.cache.get_seq_length())))
+        alone = [decode(model_forward(model), *(x[0] for x in _plain(model, mode, width, 1)), p, n, eos)
+                 for p, n in [*((p, 40) for p in prompts), *((a.prompt, a.max_new_tokens) for a in joined)]]
+    assert len(joined) == 5 and len(got) == len(total.per_row) == 8  # the round-200 arrival came too late
+    assert [g.tolist() for g in got] == [s.tolist() for s, _ in alone]
+    for row, (_, stats) in zip(total.per_row, alone, strict=True):
+        assert (row.nfe, row.accepted_per_iteration, row.new_tokens) == (
+            stats.nfe, stats.accepted_per_iteration, stats.new_tokens)
+    assert all(length == physical for length, physical in seen)
+    assert total.nfe < sum(r.nfe for r in total.per_row)  # rows shared calls
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep):
+    model, tokenizer = trained
+    prompts = _questions(tokenizer, 2)
+    admit, joined = _arrivals(model, tokenizer, "packed_ss", 5, {1: [12], 2: [9]})
+    with torch.no_grad():
+        got, total = decode_batch(model_forward(model, batched=True), *_plain(model, "packed_ss", 5, 2), prompts, 1,
+                                  lockstep=lockstep, admit=admit)
+        alone = [decode(model_forward(model), *(x[0] for x in _plain(model, "packed_ss", 5, 1)), a.prompt,
+                        a.max_new_tokens)[0] for a in joined]
+    assert [g.numel() - p.numel() for g, p in zip(got[:2], prompts, strict=True)] == [1, 1]
+    assert [g.tolist() for g in got[2:]] == [a.tolist() for a in alone]

@@ -174,6 +174,7 @@ def test_32_concurrent_requests_are_batched_and_each_equals_its_solo_decode(serv
     after = load.get(url, "/health")
     assert after["status"] == "ok" and after["failures"] == before["failures"]
     assert after["rows"] - before["rows"] == 32 and after["batches"] - before["batches"] < 32  # rows shared calls
+    assert after["rows_joined"] > before["rows_joined"]  # some joined a running batch
 
 
 def test_a_client_that_disconnects_frees_its_row(server):

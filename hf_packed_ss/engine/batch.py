@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -26,6 +27,18 @@ from .stats import DecodingStats
 
 # forward(call, cache) -> (batch, r, V) logits of the call's kept rows, for a call with a batch dimension
 BatchForward = Callable[[PackedCall, DynamicCache], torch.Tensor]
+
+
+@dataclass
+class Arrival:
+    """A sequence that joins a running batch (`decode_batch(..., admit=...)`): its schedule and layout (one of
+    each per row, as for the batch's own rows), its prompt, its own token limit and its streamer."""
+
+    schedule: object
+    layout: object
+    prompt: torch.Tensor
+    max_new_tokens: int
+    streamer: object = None
 
 
 class RowCache:
@@ -89,6 +102,15 @@ class BatchCache:
                 self.valid[i, row.dropped] = False
                 row.dropped = []
 
+    def add(self, row: RowCache) -> None:
+        """A new last row, which sees no column yet (its cache slots are zeros until its first call)."""
+        self.rows.append(row)
+        self.valid = torch.cat([self.valid, self.valid.new_zeros(1, self.length)])
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(1, *layer.keys.shape[1:])])
+                layer.values = torch.cat([layer.values, layer.values.new_zeros(1, *layer.values.shape[1:])])
+
     def leave(self, keep: list[int]) -> None:
         """Only rows `keep` (indices into the current batch) stay."""
         if len(keep) == len(self.rows):
@@ -112,6 +134,24 @@ class BatchCache:
         for r in self.rows:
             r.slots = list(range(size - len(r.slots), size))
         self.compactions += 1
+
+
+def stack_rows(batch: BatchCache, cache: DynamicCache, valid: torch.Tensor) -> None:
+    """Rows that joined (their own DynamicCache, `valid` its columns they see) become the last rows of `batch`:
+    both caches are left-padded to the longer one with columns no row sees, so each row's order is kept."""
+    if not batch.valid.shape[0]:  # nobody left in the batch: the new rows' cache is the batch's
+        batch.cache, batch.valid = cache, valid
+        return
+    size = max(batch.length, valid.shape[1])
+
+    def left(t: torch.Tensor, dim: int) -> torch.Tensor:
+        pad = [0, 0] * (t.dim() - 1 - dim) + [size - t.shape[dim], 0]
+        return torch.nn.functional.pad(t, pad)
+
+    for mine, theirs in zip(batch.cache.layers, cache.layers, strict=True):
+        mine.keys = torch.cat([left(mine.keys, 2), left(theirs.keys, 2)])
+        mine.values = torch.cat([left(mine.values, 2), left(theirs.values, 2)])
+    batch.valid = torch.cat([left(batch.valid, 1), left(valid, 1)])
 
 
 def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
@@ -176,8 +216,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
                  max_new_tokens: int, eos_token_ids: Iterable[int] = (), processors=None,
                  stop: Callable[[torch.Tensor], bool] | None = None, pad_token_id: int = 0,
                  slack: int | None = None, trace: Callable[[BatchCache, PackedCall], None] | None = None,
-                 lockstep: bool | None = None, cache=None, streamers: Sequence | None = None
-                 ) -> tuple[list[torch.Tensor], DecodingStats]:
+                 lockstep: bool | None = None, cache=None, streamers: Sequence | None = None,
+                 admit: Callable[[], Sequence[Arrival]] | None = None) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode `prompts` (1D LongTensors) together, row b with `schedules[b]` on `layouts[b]` (one of each per
     row: they hold that row's draft and mask buffer). Returns every row's prompt + output, as `decode` would
     return it alone, and the batch's statistics: `nfe` batched calls, `rows_per_call` the rows each computed
@@ -190,7 +230,10 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     layout, stopped by EOS and the length limit only), else each row in its own loop. `cache`: the batch's KV
     cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch). `streamers`: one streamer
     (or None) per row, fed as `decode` feeds its one; a row whose streamer turns `cancelled` leaves the batch
-    after the round, with the tokens it has (a server's client that disconnected frees its row)."""
+    after the round, with the tokens it has (a server's client that disconnected frees its row). `admit()` is
+    asked after every round for `Arrival`s that join the running batch (continuous batching: a server's new
+    requests; each decodes as alone, with its own limit; on a DynamicCache only); their outputs and `per_row`
+    statistics follow the batch's own rows', in the order they joined."""
     from . import lockstep as tensors
 
     device = prompts[0].device
@@ -199,18 +242,21 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     if lockstep and not can:
         raise ValueError("lockstep=True needs greedy AR or Packed-SS rows of one width on the plain shifted-block "
                          "layout, stopped by EOS and the length limit only.")
+    if admit is not None and cache is not None:
+        raise ValueError("Rows join a running batch over a DynamicCache only (not a static cache).")
     if can if lockstep is None else lockstep:
         return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
-                                       layouts[0].mask_token_id, slack, trace, cache, streamers)
-    stats = [new_stats(s) for s in schedules]
+                                       layouts[0].mask_token_id, slack, trace, cache, streamers, admit)
     streamers = [None] * len(prompts) if streamers is None else list(streamers)
     eos = tuple(eos_token_ids)
     if cache is not None:
         raise ValueError("Only a lockstep batch decodes over a given cache.")
-    batch = BatchCache(len(prompts), slack, device)
-    total = DecodingStats(schedule=stats[0].schedule, width=stats[0].width,
-                          speculative_branches=stats[0].speculative_branches, per_row=list(stats))
-    out: list[torch.Tensor | None] = [None] * len(prompts)
+    batch = BatchCache(0, slack, device)
+    first = new_stats(schedules[0])
+    stats: list[DecodingStats] = []
+    total = DecodingStats(schedule=first.schedule, width=first.width, speculative_branches=first.speculative_branches,
+                          per_row=stats)
+    out: list[torch.Tensor | None] = []
     start = time.perf_counter()
     _sync(device)
     active, calls, steps = [], [], []
@@ -219,16 +265,27 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
         out[b] = done.value[0]
         stats[b].decoder_time_s = time.perf_counter() - start
 
-    for b, prompt in enumerate(prompts):
-        run = decoding(schedules[b], layouts[b], prompt, max_new_tokens, eos, processors, stop, streamers[b],
-                       batch.rows[b], None, stats[b])
-        try:
-            calls.append(next(run))
+    def join(arrivals: Sequence[Arrival]) -> None:
+        """Start each arrival's loop; one that has something to decode gets an empty row of the cache."""
+        for a in arrivals:
+            b, row = len(out), RowCache()
+            out.append(None)
+            stats.append(new_stats(a.schedule))
+            run = decoding(a.schedule, a.layout, a.prompt, a.max_new_tokens, eos, processors, stop, a.streamer, row,
+                           None, stats[b])
+            try:
+                calls.append(next(run))
+            except StopIteration as done:  # nothing to decode (max_new_tokens=0)
+                finish(b, done)
+                continue
             active.append(b)
             steps.append(run)
-        except StopIteration as done:  # nothing to decode (max_new_tokens=0)
-            finish(b, done)
-    batch.leave(active)
+            batch.add(row)
+
+    join([Arrival(*x) for x in zip(schedules, layouts, prompts, [max_new_tokens] * len(prompts), streamers,
+                                   strict=True)])
+    if admit is not None:
+        join(admit())
     while active:
         batch.drop()  # what a row cropped before its call (a sliding context) is gone before the call
         call, columns, reads = pack(calls, batch.valid, pad_token_id)
@@ -256,6 +313,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
             trace(batch, call)
         batch.leave(stay)
         active, calls, steps = [active[i] for i in stay], [calls[i] for i in stay], [steps[i] for i in stay]
+        if admit is not None:
+            join(admit())
     _sync(device)
     total.decoder_time_s = time.perf_counter() - start
     total.new_tokens = sum(s.new_tokens for s in stats)

@@ -24,9 +24,10 @@ import time
 from collections.abc import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from .acceptance import Greedy, greedy_tokens
-from .batch import BatchCache, BatchForward
+from .batch import Arrival, BatchCache, BatchForward, stack_rows
 from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
 from .loop import _sync, cancelled, new_stats, timed
@@ -71,29 +72,21 @@ def first_call(prompts: Sequence[torch.Tensor], width: int, drafting: bool, mask
 
 def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequence[torch.Tensor],
                     max_new_tokens: int, eos_token_ids, pad_token_id: int, mask_token_id: int, slack: int,
-                    trace=None, cache=None, streamers: Sequence | None = None
+                    trace=None, cache=None, streamers: Sequence | None = None, admit=None
                     ) -> tuple[list[torch.Tensor], DecodingStats]:
     """Decode the batch in lockstep (see the module docstring). Returns what `decode_batch` returns. `cache`: the
     batch's KV cache (a `SlotCache` for compiled calls; default a DynamicCache). `streamers`: per row, as
-    `decode_batch`'s (their tokens ride on the round's one sync)."""
-    device, n = prompts[0].device, len(prompts)
+    `decode_batch`'s (their tokens ride on the round's one sync). `admit()`: asked after every round for `Arrival`s
+    that join the running batch (their prompt call runs over a cache of their own, which then joins the batch's)."""
+    device = prompts[0].device
     width, drafting = schedules[0].width, isinstance(schedules[0], PackedSSSchedule)
-    stats = [new_stats(s) for s in schedules]
-    total = DecodingStats(schedule=stats[0].schedule, width=stats[0].width, per_row=list(stats))
-    outputs: list[torch.Tensor | None] = [None] * n
-    streamers = [None] * n if streamers is None else list(streamers)
-    streaming = any(s is not None for s in streamers)
-    for streamer, p in zip(streamers, prompts, strict=True):
-        if streamer is not None:
-            streamer.put(p.cpu())
+    stats: list = []
+    total = DecodingStats(schedule=new_stats(schedules[0]).schedule, width=width if drafting else 0, per_row=stats)
+    outputs: list[torch.Tensor | None] = []
+    inputs: list[torch.Tensor] = []  # every row's prompt, by its index
+    feeds: list = []  # every row's streamer
     start = time.perf_counter()
     _sync(device)
-    if max_new_tokens <= 0 or all(cancelled(s) for s in streamers):
-        for b, p in enumerate(prompts):
-            outputs[b], stats[b].decoder_time_s = p.clone(), time.perf_counter() - start
-            if streamers[b] is not None:
-                streamers[b].end()
-        return outputs, total
     eos_ids = sorted(set(eos_token_ids))
     eos = torch.tensor(eos_ids or [-1], device=device)
     w = width if drafting else 0
@@ -102,95 +95,103 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     offsets, template, kept, _ = _template(True, 1, w, w, proposals, 0, device)
     q = template.shape[0]
     rank, columns = torch.arange(w + 1, device=device), torch.arange(q, device=device)[None]
-    ones = torch.ones(n, dtype=torch.long, device=device)
     batch = BatchCache(0, slack, device, cache)  # the cache and its validity mask; no per-row slot lists here
-    rows = list(range(n))  # the original index of each row still in the batch
-    lengths = torch.tensor([p.numel() for p in prompts], device=device)
-    out = torch.zeros(n, max_new_tokens + w + 1, dtype=torch.long, device=device)
-    done_count = torch.zeros(n, dtype=torch.long, device=device)  # accepted tokens per row (`left`)
+    # the rows in the batch: their original index, cache columns they see, accepted tokens and limit (host), and
+    # per row (tensors): prompt length, accepted tokens, their count, P's last token, the draft and its length
+    rows, held, produced, limits = [], [], [], []
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    lengths, done_count, limit, kappa = empty, empty, empty, empty
+    out = last = draft = torch.zeros(0, 1, dtype=torch.long, device=device)
+    draft = torch.zeros(0, w, dtype=torch.long, device=device)
 
-    def call_model(call: PackedCall) -> torch.Tensor:
-        logits, spent = timed(forward, call, batch.cache)
+    def finish(b: int, tokens: torch.Tensor) -> None:
+        stats[b].new_tokens = tokens.numel()
+        outputs[b] = torch.cat([inputs[b], tokens])
+        stats[b].decoder_time_s = time.perf_counter() - start
+        if feeds[b] is not None:
+            if hasattr(feeds[b], "put_stats"):  # as `loop.decoding` does
+                feeds[b].put_stats(stats[b])
+            feeds[b].end()
+
+    def join(arrivals: Sequence[Arrival], initial: bool = False) -> None:
+        """New rows: the prompt call (output position 0 from each row's last prompt token, D from ranks 1..W of
+        the block), their first token accepted, then those that go on join the batch's tensors and cache."""
+        nonlocal lengths, done_count, limit, kappa, out, last, draft
+        fresh = []
+        for a in arrivals:
+            b = len(outputs)
+            outputs.append(None)
+            inputs.append(a.prompt)
+            feeds.append(a.streamer)
+            stats.append(new_stats(a.schedule))
+            if a.streamer is not None:
+                a.streamer.put(a.prompt.cpu())
+            if a.max_new_tokens <= 0 or cancelled(a.streamer):
+                finish(b, a.prompt[:0])
+            else:
+                fresh.append((b, a))
+        if not fresh:
+            return
+        new = [a.prompt for _, a in fresh]
+        call = first_call(new, width, drafting, mask_token_id, pad_token_id)
+        own = batch.cache if initial else DynamicCache()  # joining rows' prompts: a cache of their own first
+        logits, spent = timed(forward, call, own)
         total.nfe += 1
         total.model_time_s += spent
         total.rows_per_call.append(call.input_ids.numel())
-        for b in rows:
+        tokens = greedy_tokens(logits)  # (k, 1 + block)
+        longest = call.proposal_start
+        if call.rows > longest:
+            own.crop(longest - call.rows)
+        first = tokens[:, 0]
+        host = torch.cat([first, torch.isin(first, eos).long()]).tolist()
+        k, stay = len(fresh), []
+        for j, (b, a) in enumerate(fresh):
             stats[b].nfe += 1
             stats[b].model_time_s += spent
             stats[b].rows_per_call.append(call.rows)
-        return logits
-
-    # 1. the prompt call: output position 0 from each row's last prompt token, D from ranks 1..W of the block
-    call = first_call(prompts, width, drafting, mask_token_id, pad_token_id)
-    tokens = greedy_tokens(call_model(call))  # (n, 1 + block)
-    longest = call.proposal_start
-    verified, draft = tokens[:, :1], tokens[:, 2 : 2 + w]
-    h = torch.zeros(n, dtype=torch.long, device=device)
-    kappa = torch.full((n,), w, device=device)
-    batch.valid = torch.arange(longest, device=device)[None] >= (longest - lengths)[:, None]
-    if call.rows > longest:
-        batch.cache.crop(longest - call.rows)
-    held = [p.numel() for p in prompts]  # cache columns each row sees (host copies: no sync to read them)
-    produced = [0] * n  # accepted tokens per row
-    added = 0  # columns the last call added to the cache
-    while True:
-        # 2. accept A = h + 1 tokens, cut at the first EOS and at the length limit (Algorithm 1, lines 5-8)
-        ranks, m = rank[: verified.shape[1]], len(rows)
-        if verified.shape[1] == 1:  # AR, or the prompt call: one token, which an active row has room for
-            accepted = ones[:m]
-            ended = torch.isin(verified[:, 0], eos) if eos_ids else ones[:m] == 0
-        else:
-            a = h + 1
-            accepted = torch.minimum(a, max_new_tokens - done_count)
-            if eos_ids:  # tokens before the first accepted EOS (more than A when there is none)
-                cut = (torch.isin(verified, eos) & (ranks < a[:, None])).long()
-                before = (1 - cut).cumprod(1).sum(1)
-                accepted = torch.minimum(accepted, before + 1)
-            ended = before < a if eos_ids else a == 0
-        out.scatter_(1, done_count[:, None] + ranks, verified)
-        done_count = done_count + accepted
-        pieces = [accepted, ended.long(), verified.flatten()] if streaming else [accepted, ended.long()]
-        host = torch.cat(pieces).tolist()  # the round's one sync
-        now = time.perf_counter()
-        stay = []
-        for i, b in enumerate(rows):
-            got = host[i]
-            stats[b].accepted_per_iteration.append(got)
-            produced[i] += got
-            streamer = streamers[b]
-            if streamer is not None and got:
-                at = 2 * m + i * verified.shape[1]
-                streamer.put(torch.tensor(host[at : at + got], dtype=torch.long))
-            if host[m + i] or produced[i] >= max_new_tokens or cancelled(streamer):
-                stats[b].new_tokens = produced[i]
-                outputs[b] = torch.cat([prompts[b], out[i, : produced[i]]])
-                stats[b].decoder_time_s = now - start
-                if streamer is not None:
-                    streamer.end()
+            stats[b].accepted_per_iteration.append(1)
+            if a.streamer is not None:
+                a.streamer.put(torch.tensor(host[j : j + 1]))
+            if (host[k + j] and eos_ids) or a.max_new_tokens <= 1 or cancelled(a.streamer):
+                finish(b, first[j : j + 1])
             else:
-                stay.append(i)
-                held[i] += got if added else 0  # a continuing row keeps l and its h = A - 1 accepted drafts
-        total.accepted_per_iteration.append(sum(host[:m]))
-        if added:  # 4. columns no staying row kept go; compact once the holes pass the slack
-            widest = max((host[i] for i in stay), default=0)
-            if widest < added:
-                batch.cache.crop(widest - added)
-                batch.valid = batch.valid[:, : batch.length - (added - widest)]
-        if trace is not None:
-            trace(batch, call)
+                stay.append(j)
+        total.accepted_per_iteration.append(k)
         if not stay:
-            break
-        if len(stay) < m:  # finished rows leave the batch
-            index = torch.tensor(stay, device=device)
-            batch.cache.batch_select_indices(index)
-            batch.valid, lengths, out, done_count, verified, h, draft, kappa = (
-                t[index] for t in (batch.valid, lengths, out, done_count, verified, h, draft, kappa))
-            rows, held, produced = [rows[i] for i in stay], [held[i] for i in stay], [produced[i] for i in stay]
-            m = len(rows)
-        if batch.length - max(held) > slack:
-            batch.compact()
-        # 3. one call at P's last position: [l | D, MASK-padded to W | l | MASK x W] (lines 3-4)
-        last = verified.gather(1, h[:, None])
+            return
+        index = torch.tensor(stay, device=device)
+        sizes = torch.tensor([new[j].numel() for j in stay], device=device)
+        valid = torch.arange(longest, device=device)[None] >= (longest - sizes)[:, None]
+        if len(stay) < k:
+            own.batch_select_indices(index)
+        if initial:
+            batch.valid = valid
+        else:
+            stack_rows(batch, own, valid)
+        wide = max(out.shape[1], max(fresh[j][1].max_new_tokens for j in stay) + w + 1)
+
+        def widen(t: torch.Tensor) -> torch.Tensor:  # room for the longest row's tokens and one block
+            return torch.nn.functional.pad(t, (0, wide - t.shape[1]))
+
+        lengths, done_count = torch.cat([lengths, sizes]), torch.cat([done_count, torch.ones_like(sizes)])
+        limit = torch.cat([limit, torch.tensor([fresh[j][1].max_new_tokens for j in stay], device=device)])
+        kappa = torch.cat([kappa, torch.full_like(sizes, w)])
+        out = torch.cat([widen(out), widen(first[index, None])])
+        last = torch.cat([last, first[index, None]])
+        draft = torch.cat([draft, tokens[index, 2 : 2 + w]])
+        rows.extend(fresh[j][0] for j in stay)
+        held.extend(new[j].numel() for j in stay)
+        produced.extend([1] * len(stay))
+        limits.extend(fresh[j][1].max_new_tokens for j in stay)
+
+    join([Arrival(s, None, p, max_new_tokens, f) for s, p, f in zip(
+        schedules, prompts, [None] * len(prompts) if streamers is None else streamers, strict=True)], initial=True)
+    if admit is not None:
+        join(admit())
+    while rows:
+        m, streaming = len(rows), any(feeds[b] is not None for b in rows)
+        # 1. one call at P's last position: [l | D, MASK-padded to W | l | MASK x W] (lines 3-4)
         pieces = [last]
         if drafting:
             pieces += [torch.where(rank[None, :w] < kappa[:, None], draft, mask_token_id), last,
@@ -199,16 +200,69 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
         call = PackedCall(input_ids=torch.cat(pieces, dim=1), position_ids=(lengths + done_count - 1)[:, None]
                           + offsets[None], attention_mask=mask[:, None], logit_rows=kept, verifier_rows=None,
                           proposal_rows=[], cache_rows_before_draft=0, proposal_start=w + 1)
-        tokens = greedy_tokens(call_model(call))  # (m, 2W + 1): verifier rows 0..W, then proposal ranks 0..W-1
+        logits, spent = timed(forward, call, batch.cache)
+        total.nfe += 1
+        total.model_time_s += spent
+        total.rows_per_call.append(call.input_ids.numel())
+        for b in rows:
+            stats[b].nfe += 1
+            stats[b].model_time_s += spent
+            stats[b].rows_per_call.append(call.rows)
+        tokens = greedy_tokens(logits)  # (m, 2W + 1): verifier rows 0..W, then proposal ranks 0..W-1
         verified = tokens[:, : w + 1]
+        h = torch.zeros(m, dtype=torch.long, device=device)
         if drafting:  # h: the draft prefix the verifier reproduces; D: the proposal ranks past the A accepted
             h = ((draft == verified[:, :w]) & (rank[None, :w] < kappa[:, None])).long().cumprod(1).sum(1)
             past = (h + 1)[:, None] + rank[None, :w]
             draft = tokens[:, w + 1 :].gather(1, past.clamp(max=w - 1))
             kappa = w - 1 - h
+        last = verified.gather(1, h[:, None])
         # the cache keeps l and the h accepted draft rows of each row (the rest are holes)
         batch.valid = torch.cat([batch.valid, columns < (h + 1)[:, None]], dim=1)
-        added = q
+        # 2. accept A = h + 1 tokens, cut at the first EOS and at the length limit (Algorithm 1, lines 5-8)
+        a = h + 1
+        accepted = torch.minimum(a, limit - done_count)
+        if eos_ids:  # tokens before the first accepted EOS (more than A when there is none)
+            cut = (torch.isin(verified, eos) & (rank[None] < a[:, None])).long()
+            before = (1 - cut).cumprod(1).sum(1)
+            accepted = torch.minimum(accepted, before + 1)
+            ended = before < a
+        out.scatter_(1, done_count[:, None] + rank[None], verified)
+        done_count = done_count + accepted
+        pieces = [accepted, ended.long()] if eos_ids else [accepted]
+        host = torch.cat([*pieces, verified.flatten()] if streaming else pieces).tolist()  # the round's one sync
+        stay = []
+        for i, b in enumerate(rows):
+            got = host[i]
+            stats[b].accepted_per_iteration.append(got)
+            produced[i] += got
+            streamer = feeds[b]
+            if streamer is not None and got:
+                at = len(pieces) * m + i * (w + 1)
+                streamer.put(torch.tensor(host[at : at + got], dtype=torch.long))
+            if (eos_ids and host[m + i]) or produced[i] >= limits[i] or cancelled(streamer):
+                finish(b, out[i, : produced[i]])
+            else:
+                stay.append(i)
+                held[i] += got  # a continuing row keeps l and its h = A - 1 accepted drafts
+        total.accepted_per_iteration.append(sum(host[:m]))
+        # 3. columns no staying row kept go; finished rows leave; compact once the holes pass the slack
+        widest = max((host[i] for i in stay), default=0)
+        if widest < q:
+            batch.cache.crop(widest - q)
+            batch.valid = batch.valid[:, : batch.length - (q - widest)]
+        if trace is not None:
+            trace(batch, call)
+        if len(stay) < m:
+            index = torch.tensor(stay, dtype=torch.long, device=device)
+            batch.cache.batch_select_indices(index)
+            batch.valid, lengths, out, done_count, limit, last, draft, kappa = (
+                t[index] for t in (batch.valid, lengths, out, done_count, limit, last, draft, kappa))
+            rows, held, produced, limits = ([x[i] for i in stay] for x in (rows, held, produced, limits))
+        if rows and batch.length - max(held) > slack:
+            batch.compact()
+        if admit is not None:
+            join(admit())
     _sync(device)
     total.decoder_time_s = time.perf_counter() - start
     total.new_tokens = sum(s.new_tokens for s in stats)

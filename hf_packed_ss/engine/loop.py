@@ -224,6 +224,8 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
             streamed = state.left
     stats.new_tokens = state.left
     if streamer is not None:
+        if hasattr(streamer, "put_stats"):  # a server answers a row as soon as it ends, with its statistics
+            streamer.put_stats(stats)
         streamer.end()
     return state.prefix().clone(), stats
 

@@ -15,6 +15,7 @@ from transformers import CompileConfig, GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
+from ..engine.batch import Arrival
 from ..engine.lockstep import eligible as lockstep_eligible
 from ..engine.static import steady_rows
 from ..models.lora import proposal_only_adapters
@@ -25,7 +26,7 @@ from .stopping import StopSequenceCriteria, stopping
 from .validation import _reject, validate
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
-          "assistant_model")
+          "assistant_model", "admit")
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
             "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
@@ -166,15 +167,24 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
     # one schedule and one layout per sequence: they hold its draft and its mask buffer
     schedules = [schedule_class(width, acceptance, **extra) for _ in prompts]
+    admit = hooks.get("admit")  # continuous batching: rows that join the running batch
     # a prefix-family batch lays out static shapes unless told otherwise: the rows a lean call leaves out are
     # padding in the batched call anyway, and with one shape per row the batched call is a concatenation (a
     # same-position call's shape depends on its draft either way, and its sliding context on its rows)
     static = options["static_shapes"]
     if static is None:  # a static cache pads every call to one shape anyway: lay out the static shapes
-        static = config.cache_implementation == "static" or (len(prompts) > 1 and not fam.any_order)
+        static = config.cache_implementation == "static" or ((len(prompts) > 1 or admit is not None)
+                                                             and not fam.any_order)
     layouts = [fam.layout(decoder.config.mask_token_id, static_shapes=static) for _ in prompts]
+
+    def arrivals() -> list[Arrival]:
+        """`admit()`'s (input_ids, max_new_tokens, streamer) triples, each with a schedule and layout of its own."""
+        return [Arrival(schedule_class(width, acceptance, **extra),
+                        fam.layout(decoder.config.mask_token_id, static_shapes=static), ids, n, streamer)
+                for ids, n, streamer in admit()]
+
     # only a dict output returns the candidate generator, so only then is it made and told every verification
-    wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1
+    wanted = config.return_dict_in_generate and not fam.any_order and len(prompts) == 1 and admit is None
     candidates = PackedSSCandidateGenerator(schedules[0]) if wanted else None
     streamers = hooks.get("streamer")
     streamers = list(streamers) if isinstance(streamers, list | tuple) else [streamers] * len(prompts)  # per row
@@ -184,7 +194,7 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
             outputs, stats = decode_static(decoder, config, schedules, layouts, prompts, max(0, max_new), eos,
                                            processors, stop, streamers,
                                            None if candidates is None else candidates.observe, pad)
-        elif len(prompts) == 1:
+        elif len(prompts) == 1 and admit is None:
             sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
                                      eos, processors, stop, streamers[0],
                                      trace=None if candidates is None else candidates.observe)
@@ -193,9 +203,9 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_batch(model_forward(decoder, batched=True), schedules, layouts, prompts,
                                           max(0, max_new), eos, processors, stop, pad_token_id=pad,
-                                          streamers=streamers)
-    sequences = padded(input_ids, prompts, outputs, config.pad_token_id if config.pad_token_id is not None
-                       else (eos or [0])[0])
+                                          streamers=streamers, admit=None if admit is None else arrivals)
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
+    sequences = padded(input_ids, prompts, outputs[: len(prompts)], pad)  # rows that joined went to their streamers
     if config.return_dict_in_generate:
         return PackedSSGenerateOutput(sequences=sequences, decoding_stats=stats, candidate_generator=candidates)
     return sequences

@@ -119,6 +119,12 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
         f"streamer= is a list of {len(streamer) if per_row else 0} streamers for a batch of {input_ids.shape[0]} "
         "rows: pass one streamer (or None) per row.",
     )
+    admit = hooks.get("admit")
+    _reject(admit is not None and not callable(admit),
+            "admit= takes a callable that returns the rows joining the running batch: a list of (input_ids (1D), "
+            "max_new_tokens, streamer or None).")
+    _reject(admit is not None and config.cache_implementation == "static",
+            "Rows join a running batch (admit=) over a dynamic cache only: drop cache_implementation='static'.")
     can_end_early = config.eos_token_id is not None or bool(hooks.get("stopping_criteria")) or any(
         x is not None for x in (config.stop_strings, options["stop_sequences"], config.max_time))
     _reject(

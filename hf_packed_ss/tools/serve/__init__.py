@@ -32,9 +32,11 @@ def parser() -> argparse.ArgumentParser:
                    "model's generation config, else packed_ss); a request sets its own in extra_body")
     p.add_argument("--speculative-width", type=int, default=None, help="the default width W")
     p.add_argument("--max-batch-size", type=int, default=8, help="most requests decoded in one batch")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long the first waiting request waits for "
-                   "others to join its batch")
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a request that finds the model idle "
+                   "waits for others before its batch starts (default 0: at once; later ones join it mid-decode)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 503")
+    p.add_argument("--max-hold-ms", type=float, default=1000.0, help="once a request with other options has "
+                   "waited this long, the running batch takes no new rows, so that request runs next")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + max_tokens (default: the "
                    "model's max_position_embeddings)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file, for a model without one")
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         config = model.generation_config
         check_generate(model, torch.tensor([[0]]), max_new_tokens=1, streamer=[None],
                        pad_token_id=config.pad_token_id if config.pad_token_id is not None else 0)
-        batcher = Batcher(model, tokenizer, args.max_batch_size, args.max_wait_ms / 1000, args.max_queue)
+        batcher = Batcher(model, tokenizer, args.max_batch_size, args.max_wait_ms / 1000, args.max_queue,
+                          args.max_hold_ms / 1000)
     except (ValueError, OSError) as error:
         print(f"hf-packed-ss serve: {error}", file=sys.stderr)
         return 2

@@ -104,8 +104,9 @@ def build_app(model, tokenizer, name: str, batcher: Batcher, context: int | None
 
     @app.get("/health")
     async def health():
-        state = {"status": "ok" if batcher.healthy else "unhealthy", "waiting": batcher.waiting.qsize(),
-                 "batches": batcher.batches, "rows": batcher.rows, "rows_cancelled": batcher.rows_cancelled,
+        state = {"status": "ok" if batcher.healthy else "unhealthy", "waiting": batcher.queued,
+                 "batches": batcher.batches, "rows": batcher.rows, "rows_joined": batcher.rows_joined,
+                 "rows_cancelled": batcher.rows_cancelled,
                  "tokens_decoded": batcher.tokens_decoded, "failures": batcher.failures}
         return JSONResponse(state, status_code=200 if batcher.healthy else 503)
 

@@ -2,23 +2,30 @@
 
 The worker takes the first waiting job, waits up to `max_wait_s` for more (at most `max_batch_size`), and decodes
 the jobs that share options (`Job.key`) in one batched `generate` call, whose rows are exactly what each prompt gets
-alone (the engine's batch guarantee). Jobs that arrive meanwhile join the next batch. Each row has a `Row`
-streamer: it turns tokens into text for its request, and turns `cancelled` (which frees the row in the engine)
-when its client disconnects, when it reaches its own `max_tokens` (the batch decodes to the largest) or when its
-text meets a stop string; what a row decoded past its own end is cut, so the answer equals a solo decode's.
+alone (the engine's batch guarantee). While it runs, jobs with the same options join it between two model calls
+(`generate(..., admit=...)`, continuous batching) while there is room, until a job with other options has waited
+`max_hold_s`: then the batch takes no more rows and that job runs next, so none starves. Each row has a `Row`
+streamer: it turns tokens into text for its request, answers it as soon as the row ends, and turns `cancelled`
+(which frees the row in the engine) when its client disconnects, when it reaches its own `max_tokens` (the first
+rows decode to the largest of theirs) or when its text meets a stop string; what a row decoded past its own end is
+cut, so the answer equals a solo decode's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from .protocol import Job, RequestError
+
+log = logging.getLogger("hf_packed_ss.serve")
 
 
 class Row:
@@ -31,7 +38,8 @@ class Row:
         self.ids: list[int] = []
         self.text, self.sent = "", 0
         self.finish: str | None = None
-        self.prompt_seen = False
+        self.prompt_seen = self.ended = False
+        self.stats = None
 
     @property
     def cancelled(self) -> bool:
@@ -57,10 +65,17 @@ class Row:
             self._stop_strings(job.stop)
         self._flush(final=self.finish is not None)
 
+    def put_stats(self, stats) -> None:
+        self.stats = stats
+
     def end(self) -> None:
+        """The row ended: flush the text and answer its request."""
         if self.finish is None:
             self.finish = "stop" if self.ids and self.ids[-1] in self.eos else "length"
         self._flush(final=True)
+        self.ended = True
+        self.ticket.emit("end", {"text": self.text, "finish_reason": self.finish, "tokens": len(self.ids),
+                                 "stats": summary(self.stats, len(self.ids))})
 
     def _stop_strings(self, stops: list[str]) -> None:
         """Cut the text (and the tokens) at the first stop string; OpenAI leaves the stop string out."""
@@ -94,6 +109,7 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
+    arrived: float = field(default_factory=time.monotonic)
 
     def emit(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -102,19 +118,24 @@ class Ticket:
 class Batcher:
     """The queue and the worker thread. `submit` refuses (503) when `max_queue` jobs already wait."""
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 8, max_wait_s: float = 0.01, max_queue: int = 64):
+    def __init__(self, model, tokenizer, max_batch_size: int = 8, max_wait_s: float = 0.0, max_queue: int = 64,
+                 max_hold_s: float = 1.0):
         if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
             raise ValueError("max_batch_size and max_queue must be >= 1 and max_wait_s >= 0.")
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_s
-        self.waiting: queue.Queue[Ticket] = queue.Queue(maxsize=max_queue)
+        self.max_batch_size, self.max_wait_s, self.max_hold_s = max_batch_size, max_wait_s, max_hold_s
+        self.waiting: queue.Queue[Ticket] = queue.Queue()  # submitted, not yet seen by the worker
+        self.max_queue, self.lock = max_queue, threading.Lock()
         eos = model.generation_config.eos_token_id
         self.eos = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
         self.pad = model.generation_config.pad_token_id
         if self.pad is None:
             self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
+        self.pending: deque[Ticket] = deque()  # taken from the queue by the worker, not yet decoding
+        self.continuous = model.generation_config.cache_implementation != "static"  # a static cache: batch by batch
         self.batches, self.rows, self.failures = 0, 0, 0
         self.rows_cancelled, self.tokens_decoded = 0, 0  # rows whose client left; tokens the rows decoded
+        self.rows_joined = 0  # rows that joined a running batch
         self.running = True
         self.thread = threading.Thread(target=self._work, name="hf-packed-ss-batcher", daemon=True)
         self.thread.start()
@@ -122,16 +143,23 @@ class Batcher:
     def submit(self, ticket: Ticket) -> None:
         if not self.running:
             raise RequestError("The server is shutting down: retry on another replica.", status=503)
-        try:
+        with self.lock:
+            if self.queued >= self.max_queue:
+                raise RequestError(f"The server is at capacity ({self.max_queue} requests waiting): retry later, "
+                                   "or start it with a larger --max-queue.", status=503)
             self.waiting.put_nowait(ticket)
-        except queue.Full:
-            raise RequestError(f"The server is at capacity ({self.waiting.maxsize} requests waiting): retry later, "
-                               "or start it with a larger --max-queue.", status=503) from None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a row (in the queue, or taken by the worker and not yet decoding)."""
+        return self.waiting.qsize() + len(self.pending)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batch in flight, answer every waiting job 503, and end the worker."""
         self.running = False
         self.thread.join(timeout)
+        for ticket in self.pending:
+            ticket.emit("error", RequestError("The server shut down before this request ran.", status=503))
         while True:
             try:
                 ticket = self.waiting.get_nowait()
@@ -146,24 +174,48 @@ class Batcher:
     def _work(self) -> None:
         while self.running:
             try:
-                first = self.waiting.get(timeout=0.05)
+                self.pending.append(self.waiting.get(timeout=0.05))
             except queue.Empty:
-                continue
-            tickets, deadline = [first], time.monotonic() + self.max_wait_s
-            while len(tickets) < self.max_batch_size:
+                if not self.pending:
+                    continue
+            deadline = time.monotonic() + self.max_wait_s
+            while len(self.pending) < self.max_batch_size:
                 try:
-                    tickets.append(self.waiting.get(timeout=max(0.0, deadline - time.monotonic())))
+                    self.pending.append(self.waiting.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            groups: dict[str, list[Ticket]] = {}
-            for t in tickets:
-                if not t.cancelled:  # a client that left before its batch costs nothing
-                    groups.setdefault(t.job.key, []).append(t)
-            for group in groups.values():
-                self._decode(group)
+            live = [t for t in self.pending if not t.cancelled]  # a client that left before its batch costs nothing
+            if not live:
+                self.pending.clear()
+                continue
+            key = live[0].job.key
+            group = [t for t in live if t.job.key == key][: self.max_batch_size]
+            self.pending = deque(t for t in live if t not in group)
+            self._decode(group)
+
+    def _admit(self, key: str, rows: list[Row]) -> list[tuple[torch.Tensor, int, Row]]:
+        """Asked by the engine between two calls: waiting jobs with this batch's options, while there is room,
+        up to the first job with other options."""
+        while True:
+            try:
+                self.pending.append(self.waiting.get_nowait())
+            except queue.Empty:
+                break
+        self.pending = deque(t for t in self.pending if not t.cancelled)
+        now, room = time.monotonic(), self.max_batch_size - sum(not r.ended for r in rows)
+        if room <= 0 or any(t.job.key != key and now - t.arrived > self.max_hold_s for t in self.pending):
+            return []  # a job with other options has waited long enough: let this batch drain, it runs next
+        new = [Row(t, self.tokenizer, self.eos) for t in self.pending if t.job.key == key][:room]
+        taken = {id(r.ticket) for r in new}
+        self.pending = deque(t for t in self.pending if id(t) not in taken)
+        rows.extend(new)
+        self.rows_joined += len(new)
+        return [(torch.tensor(r.ticket.job.prompt_ids, device=self.model.device), r.ticket.job.max_tokens, r)
+                for r in new]
 
     def _decode(self, tickets: list[Ticket]) -> None:
-        """One batched `generate` for jobs with one key; every ticket gets its end or an error, whatever happens."""
+        """One batched `generate` for jobs with one key (and those that join it); every request gets its answer
+        as its row ends, or an error, whatever happens."""
         rows = [Row(t, self.tokenizer, self.eos) for t in tickets]
         try:
             prompts = [torch.tensor(t.job.prompt_ids) for t in tickets]
@@ -175,29 +227,30 @@ class Batcher:
             job = tickets[0].job
             options = dict(job.options)
             if job.seed is not None and options.get("do_sample"):
-                options["generator"] = torch.Generator().manual_seed(job.seed)
-            out = self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
-                                      max_new_tokens=max(t.job.max_tokens for t in tickets), pad_token_id=self.pad,
-                                      streamer=rows, return_dict_in_generate=True, **options)
-            stats = out.decoding_stats
-            per_row = stats.per_row if len(rows) > 1 else [stats]
-            self.batches, self.rows = self.batches + 1, self.rows + len(rows)
-            for row, own in zip(rows, per_row, strict=True):
-                self.tokens_decoded += own.new_tokens
-                self.rows_cancelled += row.ticket.cancelled
-                row.ticket.emit("end", {"text": row.text, "finish_reason": row.finish, "tokens": len(row.ids),
-                                        "stats": summary(stats, own, len(rows), len(row.ids))})
+                options["generator"] = torch.Generator().manual_seed(job.seed)  # alone: nothing joins it
+            elif self.continuous:
+                options["admit"] = lambda: self._admit(job.key, rows)
+            self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
+                                max_new_tokens=max(t.job.max_tokens for t in tickets), pad_token_id=self.pad,
+                                streamer=list(rows), **options)
+            self.batches += 1
         except Exception as error:  # one bad batch must not take the server down: its requests get the reason
             self.failures += 1
+            log.exception("a batch of %d requests failed", len(rows))
             reason = error if isinstance(error, RequestError) else RequestError(
                 f"Decoding failed: {type(error).__name__}: {error}", status=500)
-            for t in tickets:
-                t.emit("error", reason)
+            for row in rows:
+                if not row.ended:
+                    row.ticket.emit("error", reason)
+        self.rows += len(rows)
+        self.tokens_decoded += sum(r.stats.new_tokens for r in rows if r.stats is not None)
+        self.rows_cancelled += sum(r.ticket.cancelled for r in rows)
 
 
-def summary(stats, row, batch_size: int, tokens: int) -> dict:
-    """The decoding statistics a response carries: the row's own calls (as decoded alone; `tokens`, the ones
-    its answer kept) and its batch's."""
-    return {"assistant_mode": stats.schedule, "speculative_width": stats.width, "nfe": row.nfe,
-            "tokens_per_nfe": round(tokens / row.nfe, 4) if row.nfe else 0.0, "batch_size": batch_size,
-            "batch_nfe": stats.nfe}
+def summary(stats, tokens: int) -> dict:
+    """The decoding statistics an answer carries: its row's own calls (as decoded alone) and `tokens`, the ones
+    its answer kept."""
+    if stats is None:
+        return {}
+    return {"assistant_mode": stats.schedule, "speculative_width": stats.width, "nfe": stats.nfe,
+            "tokens_per_nfe": round(tokens / stats.nfe, 4) if stats.nfe else 0.0}
