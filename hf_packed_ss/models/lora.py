@@ -6,6 +6,10 @@ of the current packed call only (`proposal_rows`); verifier rows, and any call o
 see the base model. Every layout puts its proposal rows last, so the update is computed on that tail
 alone: a call without proposal rows (AR, stock `generate`, prompt lookup) runs the base layers and pays
 nothing for the adapter. Outside the context the model behaves as PEFT made it (adapter on every row).
+
+Under transformers' tensor parallelism (`from_pretrained(..., distributed_config=DistributedConfig(tp_plan="auto"))`)
+PEFT shards each adapter with its base layer; the gate then calls the adapter's sharded modules, so every rank
+adds its slice of the update to its slice of the proposal rows' output.
 """
 
 from __future__ import annotations
@@ -23,6 +27,19 @@ def _lora_layers(model: nn.Module) -> list[nn.Module]:
     except ImportError:  # PEFT not installed: no adapter can be loaded either
         return []
     return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+def _lora_update(layer: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Adapter `name`'s update for rows `x` (the input the layer's forward got, after any dropout).
+
+    On a tensor-parallel base layer PEFT shards the adapter with it (lora_B colwise under a colwise layer, lora_A
+    rowwise under a rowwise one) and installs transformers' TP forwards on those modules, so their calls return
+    this rank's output columns and all-reduce a rowwise partial product; otherwise two functional calls (cheaper
+    than module calls, and this runs for every projection of every layer)."""
+    a, b = layer.lora_A[name], layer.lora_B[name]
+    if hasattr(a.weight, "device_mesh") or hasattr(b.weight, "device_mesh"):  # DTensor: PEFT's TP adapter
+        return b(a(x.to(a.weight.dtype)))
+    return F.linear(F.linear(x.to(a.weight.dtype), a.weight), b.weight)
 
 
 class _RowGate:
@@ -43,8 +60,8 @@ class _RowGate:
                 gate = self.rows[:, None].to(result.dtype)
                 for name in layer.active_adapters:
                     if name in layer.lora_A:
-                        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-                        result = result + F.linear(F.linear(x.to(a.dtype), a), b) * (layer.scaling[name] * gate)
+                        update = _lora_update(layer, name, x)
+                        result = result + update * (layer.scaling[name] * gate)
                 return result
             start = self.start
             if start is None or start >= x.shape[-2] or layer.disable_adapters:
@@ -53,9 +70,9 @@ class _RowGate:
             out = result[..., start:, :]
             for name in layer.active_adapters:
                 if name in layer.lora_A:  # functional calls: this runs for every projection of every layer
-                    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
                     h = layer.lora_dropout[name](tail) if layer.training else tail
-                    out.add_(F.linear(F.linear(h.to(a.dtype), a), b).view(out.shape), alpha=layer.scaling[name])
+                    update = _lora_update(layer, name, h)
+                    out.add_(update.view(out.shape), alpha=layer.scaling[name])
             return result
 
         return forward

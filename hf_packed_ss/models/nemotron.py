@@ -30,6 +30,23 @@ class NemotronLabsDiffusionConfig(Ministral3Config):
     """
 
     model_type = "nemotron_labs_diffusion"
+    # The release's plans (its configuration_nemotron_labs_diffusion.py, "for base model `Ministral`"), relative
+    # to the `encoder`: `from_pretrained(..., distributed_config=DistributedConfig(tp_plan="auto"))` shards them
+    # (transformers adds the vocabulary-sharded `embed_tokens`).
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
 
     mask_token_id: int | None = 100
     block_size: int = 32
@@ -45,6 +62,9 @@ class NemotronLabsDiffusionModel(DualModeModel):
     config_class = NemotronLabsDiffusionConfig
     base_model_prefix = "encoder"
     head_name = "diffusion_head"
+    # Under tensor parallelism the head is split over the vocabulary and its logits gathered (exact: a concat), as
+    # transformers does for Ministral3ForCausalLM's lm_head; the release leaves its head whole on every rank.
+    _tp_plan = {"diffusion_head": "colwise_gather_output"}
     _no_split_modules = ["Ministral3DecoderLayer"]
 
     def __init__(self, config: NemotronLabsDiffusionConfig):

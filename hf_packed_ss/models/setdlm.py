@@ -57,6 +57,9 @@ class SetDLMModel(DualModeModel):
 
     config_class = SetDLMConfig
     base_model_prefix = "model"
+    # Tensor parallelism: Qwen3Config's base_model_tp_plan for the stack, and the head split over the vocabulary
+    # with its logits gathered (exact: a concat), as Qwen3ForCausalLM's lm_head.
+    _tp_plan = {"lm_head": "colwise_gather_output"}
     _no_split_modules = ["Qwen3DecoderLayer"]
 
     def __init__(self, config: SetDLMConfig):
