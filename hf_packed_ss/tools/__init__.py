@@ -2,6 +2,7 @@
 
 `cli` (the `hf-packed-ss` command), `bench` (the benchmark and the call-cost probe), `train` and `base_answers`
 (training), `quality` (a checkpoint's drafting bar), `publish` (Hub folders), `paths` (files outside the
-package), `race` (the decoding side of the demo) and `demo` (`hf-packed-ss demo`, which starts the Gradio app
-`demo/app.py` of the source checkout). Decoding never imports them.
+package), `race` (the decoding side of the demo), `demo` (`hf-packed-ss demo`, which starts the Gradio app
+`demo/app.py` of the source checkout), `serve` (`hf-packed-ss serve`, the OpenAI-compatible server) and `shard`
+(decoding tensor-parallel under `torchrun`). Decoding never imports them.
 """
