@@ -271,3 +271,49 @@ def _has(command: str) -> bool:
     import shutil
 
     return shutil.which(command) is not None
+
+
+def test_compile_serves_through_the_static_cache_graph(tmp_path, model):
+    """`--compile`: a static cache and torch.compile; the answers are still `generate`'s (eager, dynamic cache)."""
+    port = load.free_port()
+    process = load.start(MODEL, port, ["--dtype", "float64", "--threads", "1", "--compile"], tmp_path / "log.txt")
+    try:
+        for i in (4, 5):
+            prompt = question(i)
+            status, answer = load.post(f"http://127.0.0.1:{port}", "/v1/completions", {"prompt": prompt,
+                                                                                      "max_tokens": 24})
+            assert status == 200 and answer["choices"][0]["text"] == solo(model, model[1](prompt).input_ids,
+                                                                          max_new_tokens=24)[0]
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_transformers_serve_decodes_with_our_classes_and_continuous_batching_is_refused(monkeypatch):
+    """After `import hf_packed_ss` our classes resolve as `getattr(transformers, config.architectures[0])`, so
+    transformers' own `Serve` loads a bundled folder and answers one request at a time with the decoder the
+    model's generation config names (Packed-SS); its continuous batching, which would bypass it, is refused."""
+    import transformers
+    from transformers.cli.serve import Serve
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = str(bundled.path(MODEL))
+    net, tokenizer = bundled.load(MODEL, torch.float32)
+    assert getattr(transformers, net.config.architectures[0]) is type(net)
+    with pytest.raises(NotImplementedError, match="hf-packed-ss serve"):
+        net.init_continuous_batching()
+    port = load.free_port()
+    server = Serve(force_model=path, port=port, host="127.0.0.1", device="cpu", dtype="float32", non_blocking=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                status, answer = load.post(url, "/v1/completions", {"model": path, "prompt": question(6),
+                                                                     "max_tokens": 24})
+                break
+            except OSError:
+                time.sleep(0.1)
+        ids = tokenizer(question(6)).input_ids
+        assert status == 200 and answer["choices"][0]["text"] == solo((net, tokenizer), ids, max_new_tokens=24)[0]
+    finally:
+        server.kill_server()

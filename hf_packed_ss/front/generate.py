@@ -278,3 +278,11 @@ class SpeculativeGenerationMixin:
 
     def generate(self, *args, **kwargs):
         return speculative_generate(self, super().generate, *args, **kwargs)
+
+    def init_continuous_batching(self, *args, **kwargs):
+        """Refused: transformers' continuous batching (`transformers serve --continuous-batching`,
+        `generate_batch`) runs the model's forward itself, so it would silently bypass our decoder."""
+        raise NotImplementedError(
+            "transformers' continuous batching calls the model's forward itself and would bypass assistant_mode's "
+            "decoder: serve with `hf-packed-ss serve` (it batches concurrent requests, rows joining a running "
+            "batch), or batch in your own loop with generate(..., streamer=[...], admit=...).")

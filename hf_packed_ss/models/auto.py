@@ -16,6 +16,7 @@ import functools
 import threading
 from contextlib import contextmanager
 
+import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -64,10 +65,14 @@ def _remote_code_first(from_pretrained):
 
 
 def register() -> None:
-    """Register both formats with AutoConfig / AutoModel / AutoModelForCausalLM (idempotent)."""
+    """Register both formats with AutoConfig / AutoModel / AutoModelForCausalLM, and name their model classes on
+    the `transformers` module (idempotent)."""
     for config, model in FORMATS.items():
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
         AutoModelForCausalLM.register(config, model, exist_ok=True)
+    for model in FORMATS.values():  # resolvable as `getattr(transformers, config.architectures[0])`, as
+        if not hasattr(transformers, model.__name__):  # transformers serve and pipelines look classes up
+            setattr(transformers, model.__name__, model)
     if not getattr(AutoConfig.from_pretrained, "_hf_packed_ss_wrapped", False):
         AutoConfig.from_pretrained = classmethod(_remote_code_first(AutoConfig.from_pretrained.__func__))
