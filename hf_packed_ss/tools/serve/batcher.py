@@ -14,6 +14,7 @@ cut, so the answer equals a solo decode's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -83,8 +84,9 @@ class Row:
         if not hits:
             return
         cut = min(hits)
-        while len(self.ids) > 1 and len(self.tokenizer.decode(self.ids[:-1], skip_special_tokens=True)) > cut:
-            self.ids.pop()  # the fewest tokens whose text reaches the stop string
+        while len(self.ids) > 1 and any(s in self.tokenizer.decode(self.ids[:-1], skip_special_tokens=True)
+                                        for s in stops):
+            self.ids.pop()  # the fewest tokens whose text holds the stop string (the usage counts those)
         self.text, self.finish = self.text[:cut], "stop"
 
     def _flush(self, final: bool) -> None:
@@ -112,7 +114,8 @@ class Ticket:
     arrived: float = field(default_factory=time.monotonic)
 
     def emit(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        with contextlib.suppress(RuntimeError):  # the event loop is gone (shutting down): nobody is waiting
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
 class Batcher:
