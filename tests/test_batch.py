@@ -524,3 +524,39 @@ def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep):
                         a.max_new_tokens)[0] for a in joined]
     assert [g.numel() - p.numel() for g, p in zip(got[:2], prompts, strict=True)] == [1, 1]
     assert [g.tolist() for g in got[2:]] == [a.tolist() for a in alone]
+
+
+def test_admit_refuses_what_a_joining_row_cannot_share(nemotron):
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="admit= takes a callable"):
+        nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=[1])
+    with pytest.raises(ValueError, match="dynamic cache only"):
+        nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=list,
+                          cache_implementation="static")
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=list, min_new_tokens=2)
+
+
+def test_generate_with_admit_decodes_joining_rows_as_alone(trained):
+    """The front: `generate(..., streamer=[...], admit=fn)` hands each joining prompt its own schedule, layout and
+    limit; its streamer gets exactly its solo tokens (and its statistics), `sequences` the batch's own rows."""
+    model, tokenizer = trained
+    prompts = _questions(tokenizer, 4, skip=2)
+    eos = tokenizer.eos_token_id
+    stats = {}
+
+    class Stats(Collect):
+        def put_stats(self, s):
+            stats[id(self)] = s
+
+    ids, mask = _left_padded(prompts[:2], pad=eos)
+    for mode in ("packed_ss", "linear_ss"):
+        queue = [(prompts[2], 30, Stats()), (prompts[3], 12, Stats())]
+        joined = list(queue)
+        out = model.generate(ids, attention_mask=mask, assistant_mode=mode, max_new_tokens=20, pad_token_id=eos,
+                             return_dict_in_generate=True, admit=lambda q=queue: [q.pop(0)] if q else [])
+        for p, n, streamer in joined:
+            alone = model.generate(p[None], assistant_mode=mode, max_new_tokens=n, return_dict_in_generate=True)
+            assert [t for put in streamer.puts[1:] for t in put] == alone.sequences[0, p.numel():].tolist()
+            assert streamer.ended and stats[id(streamer)].nfe == alone.decoding_stats.nfe
+        assert len(out.decoding_stats.per_row) == 4 and out.sequences.shape[0] == 2

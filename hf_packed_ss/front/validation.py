@@ -125,6 +125,10 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
             "max_new_tokens, streamer or None).")
     _reject(admit is not None and config.cache_implementation == "static",
             "Rows join a running batch (admit=) over a dynamic cache only: drop cache_implementation='static'.")
+    lengthwise = [k for k in ("min_new_tokens", "min_length", "forced_eos_token_id") if getattr(config, k, None)]
+    _reject(admit is not None and bool(lengthwise),
+            f"{lengthwise} count from the batch's prompt length, which a row that joins (admit=) does not share: "
+            "drop them, or decode those prompts in a batch of their own.")
     can_end_early = config.eos_token_id is not None or bool(hooks.get("stopping_criteria")) or any(
         x is not None for x in (config.stop_strings, options["stop_sequences"], config.max_time))
     _reject(
