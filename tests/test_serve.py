@@ -245,8 +245,10 @@ def test_a_full_queue_answers_503_and_a_failed_batch_answers_its_requests():
 
 
 def test_shutdown_is_clean(tmp_path):
+    """Served from a local folder (not a bundled name); SIGINT ends it with exit code 0 and frees the port."""
     port = load.free_port()
-    process = load.start(MODEL, port, [], tmp_path / "log.txt")
+    process = load.start(str(bundled.path(MODEL)), port, [], tmp_path / "log.txt")
+    assert [m["id"] for m in load.get(f"http://127.0.0.1:{port}", "/v1/models")["data"]] == [MODEL]
     url = f"http://127.0.0.1:{port}"
     assert load.post(url, "/v1/completions", {"prompt": "Question: 2 + 2?\nAnswer:", "max_tokens": 4})[0] == 200
     process.send_signal(signal.SIGINT)
