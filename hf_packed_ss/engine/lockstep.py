@@ -15,7 +15,8 @@ anchored proposal block [l_b, MASK x W]):
 3. cache: l_b and the h_b accepted draft rows stay, the other columns are holes of row b (columns no row keeps
    are cropped; the cache is compacted as in `BatchCache`).
 The first call processes each prompt (left-padded; padding columns see only themselves) and, for Packed-SS,
-drafts a whole block unanchored from it (appendix E.2).
+drafts a whole block unanchored from it (appendix E.2). Rows that join a running batch (`admit`) get the same prompt
+call over a cache of their own, then their cache columns join the batch's (both left-padded to the longer).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
     rows, held, produced, limits = [], [], [], []
     empty = torch.zeros(0, dtype=torch.long, device=device)
     lengths, done_count, limit, kappa = empty, empty, empty, empty
-    out = last = draft = torch.zeros(0, 1, dtype=torch.long, device=device)
+    out = last = torch.zeros(0, 1, dtype=torch.long, device=device)
     draft = torch.zeros(0, w, dtype=torch.long, device=device)
 
     def finish(b: int, tokens: torch.Tensor) -> None:
