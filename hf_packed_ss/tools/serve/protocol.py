@@ -17,7 +17,8 @@ DECODING_FIELDS = ("assistant_mode", "speculative_width", "verify_order", "specu
 # OpenAI fields we cannot honour; answered 400 rather than silently ignored, since each would change the output
 UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
                "n": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "response_format": (None,)}
+               "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
+               "response_format": (None, {"type": "text"})}
 # OpenAI fields that do not change the tokens
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "stream_options",
            "model", "stream", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
