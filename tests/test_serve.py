@@ -99,6 +99,8 @@ def test_chat_equals_generate_with_the_chat_template(client, model, stream):
         got = answer.choices[0].message.content
         assert answer.choices[0].message.role == "assistant" and answer.object == "chat.completion"
     assert got == text and text
+    parts = [{"role": "user", "content": [{"type": "text", "text": q[:10]}, {"type": "text", "text": q[10:]}]}]
+    assert client.chat.completions.create(model=MODEL, messages=parts, max_tokens=40).choices[0].message.content == text
 
 
 @pytest.mark.parametrize("extra", [{"assistant_mode": "ar"}, {"assistant_mode": "linear_ss", "speculative_width": 3},
@@ -142,6 +144,7 @@ def test_seeded_sampling_equals_generate_with_that_seed(client, model):
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature must be a number"),
     ({"prompt": "x", "colour": "red"}, 400, "Unknown request fields ['colour']"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "is not served here"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
     (b'{"prompt": "x", ', 400, "not valid JSON"),
     (b'[1, 2]', 400, "must be a JSON object"),
 ])

@@ -150,11 +150,16 @@ def prompt_ids(body: dict, tokenizer) -> list[int]:
 def chat_ids(body: dict, tokenizer) -> list[int]:
     """/v1/chat/completions: the messages through the model's chat template, with the assistant turn opened."""
     messages = body.get("messages")
+    if isinstance(messages, list):  # content as a list of text parts, as newer clients send it: one string
+        messages = [{**m, "content": "".join(p["text"] for p in m["content"])}
+                    if isinstance(m, dict) and isinstance(m.get("content"), list) and all(
+                        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                        for p in m["content"]) else m for m in messages]
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
-        raise RequestError('messages must be a non-empty list of {"role": ..., "content": "text"} objects.',
-                           param="messages")
+        raise RequestError('messages must be a non-empty list of {"role": ..., "content": "text"} objects '
+                           '(content may also be a list of {"type": "text", "text": ...} parts).', param="messages")
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("This model has no chat template: use /v1/completions with a raw prompt, or restart the "
                            "server with --chat-template FILE.", param="messages")
