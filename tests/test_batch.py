@@ -513,16 +513,32 @@ def test_rows_that_join_a_running_batch_are_their_solo_decodes(trained, mode, wi
 
 
 @pytest.mark.parametrize("lockstep", [True, False])
-def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep):
+@pytest.mark.parametrize("limit", [1, 2])
+def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep, limit):
+    """Rows that arrive once every row of the batch has ended (before its first steady call, or after) start it
+    over and decode as alone."""
+    from hf_packed_ss.engine import ShiftedBlockLayout
+    from hf_packed_ss.engine.batch import Arrival
+
     model, tokenizer = trained
-    prompts = _questions(tokenizer, 2)
-    admit, joined = _arrivals(model, tokenizer, "packed_ss", 5, {1: [12], 2: [9]})
+    prompts = _questions(tokenizer, 4)
+    first = [Collect(), Collect()]
+    waiting = [Arrival(schedule_for(model, "packed_ss", 5), ShiftedBlockLayout(model.config.mask_token_id), p, n)
+               for p, n in zip(prompts[2:], (12, 9), strict=True)]
+    joined = []
+
+    def admit():  # the arrivals come only once both first rows have ended
+        if joined or not all(s.ended for s in first):
+            return []
+        joined.extend(waiting)
+        return waiting
+
     with torch.no_grad():
-        got, total = decode_batch(model_forward(model, batched=True), *_plain(model, "packed_ss", 5, 2), prompts, 1,
-                                  lockstep=lockstep, admit=admit)
+        got, _ = decode_batch(model_forward(model, batched=True), *_plain(model, "packed_ss", 5, 2), prompts[:2],
+                              limit, lockstep=lockstep, admit=admit, streamers=first)
         alone = [decode(model_forward(model), *(x[0] for x in _plain(model, "packed_ss", 5, 1)), a.prompt,
-                        a.max_new_tokens)[0] for a in joined]
-    assert [g.numel() - p.numel() for g, p in zip(got[:2], prompts, strict=True)] == [1, 1]
+                        a.max_new_tokens)[0] for a in waiting]
+    assert joined and [g.numel() - p.numel() for g, p in zip(got[:2], prompts, strict=False)] == [limit, limit]
     assert [g.tolist() for g in got[2:]] == [a.tolist() for a in alone]
 
 

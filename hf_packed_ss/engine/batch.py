@@ -104,6 +104,8 @@ class BatchCache:
 
     def add(self, row: RowCache) -> None:
         """A new last row, which sees no column yet (its cache slots are zeros until its first call)."""
+        if not self.rows:  # every row left: no column is anyone's, so the batch starts over on a fresh cache
+            self.cache, self.valid = DynamicCache(), self.valid[:0, :0]
         self.rows.append(row)
         self.valid = torch.cat([self.valid, self.valid.new_zeros(1, self.length)])
         for layer in self.cache.layers:
