@@ -198,7 +198,7 @@ class PackedSSSchedule(Schedule):
 
     def plan(self, window: tuple[int, ...]) -> Plan:
         order = self.order(window, self.score)  # pi_t (left to right on the shifted-block layout)
-        draft = self.draft.at(order)  # D_{t-1}, line 4
+        draft = self.draft.at(order[: self.width])  # D_{t-1}, line 4 (at most W: a draft made at a wider W is cut)
         anchored = self.anchored and self.started  # appendix E.2: the first call drafts a whole block, unanchored
         return Plan(order, draft, proposals=_proposals(self.branches(draft.numel(), len(order)), anchored))
 
