@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from ..bench.command import DTYPES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
                    "listens on every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL's name)")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--assistant-mode", default=None, help="the schedule for requests that name none (default: the "
@@ -50,11 +50,12 @@ def prepare(args: argparse.Namespace):
     """The model, its tokenizer and the name clients use, with the server's defaults in its generation config."""
     from transformers import CompileConfig
 
+    from ..bench.command import resolve
     from ..cli import load_model
 
-    model, tokenizer = load_model(args.model, DTYPES[args.dtype])
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    model = model.to("cpu" if device == "auto" else device).eval()
+    device, dtype = resolve(args.device, args.dtype)
+    model, tokenizer = load_model(args.model, dtype)
+    model = model.to(device).eval()
     if args.chat_template:
         tokenizer.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
     config = model.generation_config
