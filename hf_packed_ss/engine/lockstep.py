@@ -152,6 +152,8 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
             stats[b].model_time_s += spent
             stats[b].rows_per_call.append(call.rows)
             stats[b].accepted_per_iteration.append(1)
+            stats[b].schedule_per_iteration.append(stats[b].schedule)
+            stats[b].width_per_iteration.append(w)
             if a.streamer is not None:
                 a.streamer.put(torch.tensor(host[j : j + 1]))
             if (host[k + j] and eos_ids) or a.max_new_tokens <= 1 or cancelled(a.streamer):
@@ -236,6 +238,8 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
         for i, b in enumerate(rows):
             got = host[i]
             stats[b].accepted_per_iteration.append(got)
+            stats[b].schedule_per_iteration.append(stats[b].schedule)
+            stats[b].width_per_iteration.append(w)
             produced[i] += got
             streamer = feeds[b]
             if streamer is not None and got:

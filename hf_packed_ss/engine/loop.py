@@ -183,7 +183,9 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
     if streamer is not None:
         streamer.put(prompt.cpu())
     while state.left <= state.end and not cancelled(streamer):  # a consumer that left ends it early
-        # 1. ask: the schedule plans the call over the window, the layout lays it out
+        # 1. ask: the schedule plans the call over the window (an auto schedule picks its width first), the
+        # layout lays it out
+        schedule.choose(stats)
         plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
         call = layout.build(plan, state)
         if limit is not None:
@@ -207,6 +209,9 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
         # 5. stop exactly at EOS / length / stopping criteria (Algorithm 1, lines 7-8)
         floor, before = state.left, state.end
         new = state.accept(verdict.positions, verdict.tokens, verdict.values)
+        mode, width = schedule.current()
+        stats.schedule_per_iteration.append(mode)
+        stats.width_per_iteration.append(width)
         if streamer is not None:
             kinds.update(zip(verdict.positions, verdict.kinds, strict=True))
         if eos:

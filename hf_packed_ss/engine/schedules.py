@@ -17,6 +17,7 @@ import torch
 from .acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
 from .contract import EMPTY, CallResult, Plan, Proposal, Verdict
 from .order import ORDERS
+from .width import Measured, WidthChooser
 
 HYBRID = "hybrid_ss"
 DEFAULT_BRANCHES = 2  # `speculative_branches` when unset: the smallest hybrid that is neither endpoint
@@ -121,6 +122,14 @@ class Schedule:
         """Called once before the first call with the layout and the number of output positions."""
         self.drafts_from_pending = layout.drafts_from_pending
         self.branches_past_draft = layout.branches_past_draft
+
+    def choose(self, stats) -> None:
+        """Before each call's window is taken (`stats`: the decode's statistics so far): a schedule that picks
+        its width per call (`AutoSchedule`) sets `width` here."""
+
+    def current(self) -> tuple[str, int]:
+        """The mode and width of the call being made (what `decoding_stats` records per iteration)."""
+        return self.name, self.width if self.speculative else 0
 
     def plan(self, window: tuple[int, ...]) -> Plan:
         raise NotImplementedError
@@ -288,6 +297,51 @@ class LinearSSSchedule(Schedule):
         return verdict
 
 
+class AutoSchedule(PackedSSSchedule):
+    """`assistant_mode="auto"` (and `speculative_width="auto"`): before every call a `WidthChooser` picks AR or
+    Packed-SS at one of `widths` by predicted throughput; every arm is exact, so the output is AR's whatever it
+    picks. An AR call drops the draft; a wider call than the last one verifies what the draft has (the draft
+    was cut to W by `PackedSSSchedule.plan` when it narrows). Each verification reports how far past its
+    drafter's prefix every draft token sat and how many survived (the acceptance profile)."""
+
+    name = "auto"
+
+    def __init__(self, width: int, acceptance: Acceptance | None = None, verify_order: str = "ltr",
+                 widths: tuple[int, ...] | None = None, ar: bool = True, measured: Measured | None = None):
+        widths = tuple(widths or range(1, width + 1))
+        super().__init__(max(widths), acceptance, verify_order)
+        self.chooser = WidthChooser(widths, ar, measured if measured is not None else Measured())
+        self.arm = self.width  # 0: AR
+        self.base: int | None = None  # the first position after the prefix the stored draft was made from
+
+    def begin(self, layout, length: int, device: torch.device) -> None:
+        super().begin(layout, length, device)
+        self.chooser.start(layout)
+
+    def choose(self, stats) -> None:
+        self.arm = self.chooser.choose(stats.rows_per_call[-1] if stats.rows_per_call else None)
+        self.width = max(self.arm, 1)
+
+    def current(self) -> tuple[str, int]:
+        return (ARSchedule.name, 0) if not self.arm else (PackedSSSchedule.name, self.arm)
+
+    def plan(self, window: tuple[int, ...]) -> Plan:
+        if not self.arm:
+            self.draft, self.base = Draft(), None
+            return Plan(order=window[:1])
+        return super().plan(window)
+
+    def advance(self, plan: Plan, result: CallResult) -> Verdict:
+        if not plan.proposals:  # an AR call
+            self.started = True
+            return self.verify(plan, result)
+        verdict = super().advance(plan, result)
+        if plan.available and self.base is not None:
+            self.chooser.observe(plan.position(0) - self.base, plan.available, verdict.h)
+        self.base = plan.position(0)
+        return verdict
+
+
 NATIVE_CACHE_ORDERS = ("position", "first_hitting")
 NATIVE_CONTEXTS = ("full", "sliding")
 
@@ -414,7 +468,8 @@ class NativeSchedule(Schedule):
 
 
 SCHEDULES: dict[str, type[Schedule]] = {
-    s.name: s for s in (ARSchedule, LinearSSSchedule, QuadraticSSSchedule, PackedSSSchedule, HybridSSSchedule)
+    s.name: s for s in (ARSchedule, LinearSSSchedule, QuadraticSSSchedule, PackedSSSchedule, HybridSSSchedule,
+                        AutoSchedule)
 }
 # SetDLM's native decoder needs an any-order model; every other schedule runs on both families.
 WINDOW_SCHEDULES: dict[str, type[Schedule]] = {**SCHEDULES, NativeSchedule.name: NativeSchedule}

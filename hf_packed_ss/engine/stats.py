@@ -21,6 +21,9 @@ class DecodingStats:
         prompt_time_s: model time of the first call (the prompt's).
         compile_time_s: wall time of the calls that compiled a graph (a static-cache decode with compile), part
             of `model_time_s` and `decoder_time_s`; 0 when nothing was compiled.
+        schedule_per_iteration, width_per_iteration: the mode and width of every iteration's verifying call
+            (what `assistant_mode="auto"` chose: "ar" with width 0, or "packed_ss" at a width; constant
+            otherwise).
         speculative_branches: hybrid_ss's k (None for every other schedule).
         per_row: for a batch, each row's own statistics (its calls, rows, acceptances and times; the batch's
             fields are the totals: `nfe` batched calls, `rows_per_call` rows computed per call, padding
@@ -33,6 +36,8 @@ class DecodingStats:
     new_tokens: int = 0
     rows_per_call: list[int] = field(default_factory=list)
     accepted_per_iteration: list[int] = field(default_factory=list)
+    schedule_per_iteration: list[str] = field(default_factory=list)
+    width_per_iteration: list[int] = field(default_factory=list)
     model_time_s: float = 0.0
     decoder_time_s: float = 0.0
     prompt_time_s: float = 0.0
@@ -52,6 +57,8 @@ class DecodingStats:
             total.new_tokens += row.new_tokens
             total.rows_per_call += row.rows_per_call
             total.accepted_per_iteration += row.accepted_per_iteration
+            total.schedule_per_iteration += row.schedule_per_iteration
+            total.width_per_iteration += row.width_per_iteration
             total.model_time_s += row.model_time_s
             total.decoder_time_s += row.decoder_time_s
             total.prompt_time_s += row.prompt_time_s

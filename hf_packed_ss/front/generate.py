@@ -22,15 +22,16 @@ from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
 from .families import family
 from .forward import model_forward, static_batch_forward, static_forward
+from .measured import measured_for
 from .stopping import StopSequenceCriteria, stopping
-from .validation import _reject, validate
+from .validation import AUTO, _reject, validate
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
           "assistant_model", "admit")
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
             "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
-            "speculative_branches": None, "static_shapes": None}
+            "speculative_branches": None, "static_shapes": None, "cost_model": None}
 
 
 @dataclass
@@ -158,13 +159,19 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
     stop = stopping(config, hooks.get("stopping_criteria"), hooks.get("tokenizer"), options["stop_sequences"])
     fam = family(decoder.config)
     mode = options["assistant_mode"]
-    schedule_class = fam.schedules[mode]
+    schedule_class = fam.schedules[AUTO if width == AUTO else mode]
     # the options this schedule takes, as given (unset ones keep the schedule's own defaults)
     extra = {k: options[k] for k in schedule_class.options if options[k] is not None}
     if fam.any_order:
         extra["verify_order"] = options["verify_order"] or "ltr"
     if "config" in inspect.signature(schedule_class).parameters:
         extra["config"] = decoder.config  # sizes a schedule reads (native: first-hitting times, trained length)
+    if schedule_class.name == AUTO:  # AR (assistant_mode="auto") and Packed-SS at every width, or at the one given
+        widest = fam.widths(decoder.config)[0]
+        extra |= dict(widths=tuple(range(1, widest + 1)) if width == AUTO else (width,), ar=mode == AUTO,
+                      measured=measured_for(decoder, len(prompts) > 1 or hooks.get("admit") is not None,
+                                            options["cost_model"]))
+        width = widest if width == AUTO else width
     # one schedule and one layout per sequence: they hold its draft and its mask buffer
     schedules = [schedule_class(width, acceptance, **extra) for _ in prompts]
     admit = hooks.get("admit")  # continuous batching: rows that join the running batch

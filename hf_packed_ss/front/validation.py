@@ -3,12 +3,18 @@ honour is refused here, once, with a message that says what to do instead (the e
 
 from __future__ import annotations
 
+from os import PathLike
+from pathlib import Path
+
 import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import GenerationMode
 
 from ..engine.order import ORDERS
+from ..engine.schedules import AutoSchedule, PackedSSSchedule
 from .families import FAMILIES, MODES, SCHEDULE_OPTIONS, default_width, family, takers
+
+AUTO = AutoSchedule.name  # speculative_width="auto", assistant_mode="auto"
 
 
 def _reject(condition: bool, message: str) -> None:
@@ -18,8 +24,9 @@ def _reject(condition: bool, message: str) -> None:
 
 
 def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict,
-             hooks: dict) -> int:
-    """Check a speculative request once, at the front door; returns the speculative width to use.
+             hooks: dict) -> int | str:
+    """Check a speculative request once, at the front door; returns the speculative width to use ("auto": chosen
+    per call).
 
     Reads its arguments only (model_kwargs included), so checking a request never changes it."""
     mode, width = options["assistant_mode"], options["speculative_width"]
@@ -51,13 +58,35 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     _reject(not block_size or block_size < 2 - fam.any_order,
             f"The model config needs `{size}` >= {2 - fam.any_order} (the diffusion block).")
     widest, _ = fam.widths(model.config)
-    width = default_width(model.config, mode) if width is None else width
-    _reject(
-        isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= widest,
-        f"speculative_width={width!r} is out of range: use an integer in [1, {widest}] "
-        + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
-           f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
-    )
+    _reject(width == AUTO and mode not in (PackedSSSchedule.name, AUTO),
+            f"speculative_width='auto' picks Packed-SS widths (and, with assistant_mode='auto', AR too); "
+            f"assistant_mode={mode!r} takes an integer width: use assistant_mode='packed_ss' or 'auto', or pass "
+            "an integer.")
+    auto = width == AUTO or mode == AUTO
+    _reject(auto and config.cache_implementation == "static",
+            "speculative_width='auto' / assistant_mode='auto' change the call's rows from one call to the next; "
+            "a static cache pads every call to one compiled shape, so there is nothing to choose: pass an integer "
+            "speculative_width and a fixed assistant_mode with cache_implementation='static'.")
+    _reject(auto and options["verify_order"] not in (None, "ltr"),
+            "The auto width's acceptance model follows left-to-right verification: drop verify_order (or pass "
+            "'ltr'), or pick a fixed width and mode for verify_order='confidence'.")
+    _reject(options["cost_model"] is not None and not auto,
+            "cost_model= is read by speculative_width='auto' / assistant_mode='auto' only: drop it.")
+    _reject(options["cost_model"] is not None and not isinstance(options["cost_model"], (str, PathLike)),
+            "cost_model= takes the path of a file `hf-packed-ss probe --cost-model FILE` wrote.")
+    _reject(options["cost_model"] is not None and not Path(options["cost_model"]).is_file(),
+            f"cost_model={str(options['cost_model'])!r} is not a file: write one with `hf-packed-ss probe --model "
+            "MODEL --cost-model FILE`, or drop it (auto then measures the cost in its first calls).")
+    if width == AUTO or (mode == AUTO and width is None):
+        width = AUTO
+    else:
+        width = default_width(model.config, mode) if width is None else width
+        _reject(
+            isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= widest,
+            f"speculative_width={width!r} is out of range: use an integer in [1, {widest}] "
+            + (f"(the window may not exceed the training horizon max_block_size={block_size})." if fam.any_order else
+               f"(block size B = W + 1 must not exceed the model's block_size={block_size})."),
+        )
     schedule = fam.schedules[mode]
     for name in SCHEDULE_OPTIONS:
         _reject(options[name] is not None and name not in schedule.options,

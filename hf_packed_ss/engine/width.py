@@ -1,0 +1,211 @@
+"""Choosing the width of every call (`speculative_width="auto"`, `assistant_mode="auto"`) by expected throughput.
+
+Throughput is tokens per NFE over time per NFE (the paper's decomposition). Time per NFE comes from `CallCost`,
+measured on this machine. Tokens per NFE come from the acceptance profile: r_k, the chance that a draft token
+k positions past the prefix its drafter saw survives given that the draft before it did.
+
+For Packed-SS at width W the draft is made from P_{t-1} and covers offsets 1..W-1 of it (offset 0 is the
+position the same call verifies), on both layouts. A call that finds a draft of n tokens (offsets W-n..W-1)
+accepts h of them with probability r_(W-n) ... r_(W-n+h-1) (1 - r_(W-n+h)), appends A = h + 1 tokens and
+leaves the next call a draft of n' = W - 1 - h tokens. That chain over n has a stationary law pi, and
+
+    throughput(W) = sum_n pi_n E[A | n] / sum_n pi_n cost(rows(W, n)),    throughput(AR) = 1 / cost(rows(AR)),
+
+with rows(W, n) read from the decode's own layout. The chooser plays the best arm, measures what it has not
+(the first calls of a process time a spread of widths), and while AR wins it checks a draft now and then.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .contract import Plan, Proposal
+from .cost import DRAFT, VERIFY, CallCost
+from .state import DecoderState
+
+PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
+STRENGTH = 1.0  # pseudo-observations of that prior
+FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
+DECIDE_EVERY = 8  # calls between two decisions (a decision solves one chain per width: ~0.5 ms for 16)
+MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
+PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
+PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
+
+
+@dataclass
+class AcceptanceProfile:
+    """Discounted counts of draft tokens tried and accepted per drafter offset (index k = offset k)."""
+
+    tried: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def observe(self, first: int, drafted: int, h: int) -> None:
+        """A verification of `drafted` tokens whose first sits `first` positions past the drafter's prefix
+        accepted `h`: offsets first..first+h-1 survived, offset first+h (if drafted) did not."""
+        seen = min(h + 1, drafted)
+        top = first + seen
+        if len(self.tried) < top:
+            grow = top - len(self.tried)
+            self.tried += [0.0] * grow
+            self.accepted += [0.0] * grow
+        for i, k in enumerate(range(first, top)):
+            self.tried[k] = FORGET * self.tried[k] + 1
+            self.accepted[k] = FORGET * self.accepted[k] + (i < h)
+
+    def rates(self, top: int) -> list[float]:
+        """r_0..r_(top-1) (r_0 unused): posterior means, each prior the estimate one offset nearer."""
+        out, prior = [PRIOR], PRIOR
+        for k in range(1, top):
+            tried = self.tried[k] if k < len(self.tried) else 0.0
+            accepted = self.accepted[k] if k < len(self.accepted) else 0.0
+            prior = (accepted + STRENGTH * prior) / (tried + STRENGTH)
+            out.append(prior)
+        return out
+
+
+def draft_chain(rates: list[float], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Packed-SS at `width` under acceptance `rates`: the stationary law pi over the draft length n a call finds
+    (0..W-1) and E[A | n], the tokens that call appends (module docstring)."""
+    w = width
+    move = [[0.0] * w for _ in range(w)]
+    tokens = [0.0] * w
+    for n in range(w):
+        survive, row, first = 1.0, move[n], w - n
+        for h in range(n):
+            r = rates[first + h]
+            p = survive * (1 - r)
+            row[w - 1 - h] += p
+            tokens[n] += p * (h + 1)
+            survive *= r
+        row[w - 1 - n] += survive
+        tokens[n] += survive * (n + 1)
+    # pi = pi move with sum(pi) = 1: the last equation of the singular system replaced by the normalisation
+    system = np.array(move).T - np.eye(w)
+    system[-1] = 1.0
+    rhs = np.zeros(w)
+    rhs[-1] = 1.0
+    try:
+        pi = np.clip(np.linalg.solve(system, rhs), 0.0, None)
+    except np.linalg.LinAlgError:  # a chain that never leaves some state (a rate of exactly 0 or 1)
+        pi = np.linalg.lstsq(system, rhs, rcond=None)[0].clip(0.0, None)
+    return pi / max(pi.sum(), 1e-12), np.array(tokens)
+
+
+@lru_cache(maxsize=64)
+def call_rows(layout_type: type, static_shapes: bool, width: int) -> tuple[int, tuple[int, ...]]:
+    """(rows of an AR call, rows of a Packed-SS call at `width` finding a draft of n tokens, per n), read off
+    the layout itself: it builds those calls after a cached prompt with one pending token."""
+    layout = layout_type(0, static_shapes=static_shapes)
+    state = DecoderState(torch.zeros(4, dtype=torch.long), 4 * width + 8, 2 * (width + 1))
+    state.left, state.pending, state.cache_len = 1, range(0, 1), 4
+    window = layout.window(1, state.end, width, {})
+    ar = layout.build(Plan(order=window[:1]), state).rows
+    block = (Proposal(0, anchored=True),)
+    drafted = tuple(layout.build(Plan(window, torch.zeros(n, dtype=torch.long), proposals=block), state).rows
+                    for n in range(width))
+    return ar, drafted
+
+
+@dataclass
+class Measured:
+    """What `auto` decodes of one model on one machine have learnt, kept for the process: the call cost, the
+    acceptance profile, and how many calls without a draft pass before a draft is checked again."""
+
+    cost: CallCost = field(default_factory=CallCost)
+    profile: AcceptanceProfile = field(default_factory=AcceptanceProfile)
+    probe_every: int = PROBE_FIRST
+    undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
+
+
+class WidthChooser:
+    """Picks the arm of every call: 0 for AR, else a Packed-SS width from `widths`."""
+
+    def __init__(self, widths: tuple[int, ...], ar: bool, measured: Measured):
+        self.widths, self.ar, self.measured = tuple(sorted(widths)), ar, measured
+        self.arms = ((0,) if ar else ()) + self.widths
+        self.arm: int | None = None
+        self.queue: list[int] = []
+        self.tic: float | None = None
+        self.since = 0  # calls since the last decision
+
+    def start(self, layout) -> None:
+        """Before a decode's first call."""
+        self.layout = (type(layout), bool(layout.static_shapes))
+        self.arm, self.tic, self.since = None, None, 0
+        self.queue = self.exploration()
+
+    def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
+        return call_rows(*self.layout, max(width, 1))
+
+    def exploration(self) -> list[int]:
+        """The calls that measure what the cost model lacks: two at each of a spread of widths (the first call
+        also processes the prompt), and two AR calls."""
+        cost, plan = self.measured.cost, []
+        spread = sorted({self.widths[-1], self.widths[len(self.widths) // 2], self.widths[0]}, reverse=True)
+        for w in spread:
+            if self.rows(w)[1][-1] not in cost.points[DRAFT]:
+                plan += [w, w, w]
+        if self.ar and self.rows(0)[0] not in cost.points[VERIFY]:
+            plan += [0, 0]
+        return plan
+
+    def throughput(self, arm: int, rates: list[float]) -> float | None:
+        """Predicted tokens per second of `arm` (None if its cost is not known yet)."""
+        cost = self.measured.cost
+        if arm == 0:
+            seconds = cost.predict(VERIFY, self.rows(0)[0])
+            return None if not seconds else 1.0 / seconds
+        pi, tokens = draft_chain(rates, arm)
+        seconds = [cost.predict(DRAFT, n) for n in self.rows(arm)[1]]
+        if any(s is None for s in seconds):
+            return None
+        return float(pi @ tokens) / max(float(pi @ np.array(seconds)), 1e-12)
+
+    def best(self) -> tuple[int, dict[int, float]]:
+        rates = self.measured.profile.rates(self.widths[-1])
+        predicted = {arm: t for arm in self.arms if (t := self.throughput(arm, rates)) is not None}
+        return max(predicted, key=predicted.get), predicted
+
+    def observe(self, first: int, drafted: int, h: int) -> None:
+        self.measured.profile.observe(first, drafted, h)
+        self.measured.undrafted = 0
+
+    def choose(self, last_rows: int | None) -> int:
+        """The arm of the next call; `last_rows`: the rows of the call made since the last `choose`."""
+        now = time.perf_counter()
+        if self.tic is not None and last_rows is not None:
+            self.measured.cost.observe(VERIFY if self.arm == 0 else DRAFT, last_rows, now - self.tic)
+        self.since += 1
+        if self.arm is not None and self.arm < 2:  # AR, or Packed-SS at W = 1 (its one drafted position is verified
+            self.measured.undrafted += 1           # by the call that drafts it): nothing to learn from
+
+        if self.queue:
+            self.arm = self.queue.pop(0)
+        elif self.arm is None or self.since >= DECIDE_EVERY:
+            self.arm = self.decide()
+        self.tic = time.perf_counter()
+        return self.arm
+
+    def decide(self) -> int:
+        self.since = 0
+        best, predicted = self.best()
+        current = self.arm
+        if current in predicted and predicted[best] < MARGIN * predicted[current]:
+            best = current
+        drafting = [w for w in self.widths if w >= 2]
+        if best < 2 and drafting and self.measured.undrafted >= self.measured.probe_every:
+            # calls without drafts have won for a while: check a draft at the best width that drafts, less often
+            # each time they still win
+            self.measured.probe_every = min(2 * self.measured.probe_every, PROBE_MOST)
+            width = max(drafting, key=lambda w: predicted.get(w, 0.0))
+            self.queue = [width] * (PROBE_CALLS - 1)
+            self.measured.undrafted = 0
+            return width
+        if best >= 2:  # speculation pays: when AR next wins, check a draft again soon
+            self.measured.probe_every = PROBE_FIRST
+        return best
