@@ -59,8 +59,8 @@ def test_run_command_prints_every_schedule(capsys):
 def _fake_decode(calls: list, seconds: dict, wrong: str | None = None):
     """A stand-in for `bench.measure.decode_ours`: records (mode, max_new_tokens), returns fixed statistics:
     100 tokens (fewer for a warm-up), NFE 100 / (tokens per NFE), `seconds[mode]` give or take 2%."""
-    per_nfe = {"ar": 1, "linear_ss": 2, "quadratic_ss": 2.5, "packed_ss": 2}
-    rows = {"ar": 1, "linear_ss": 4, "quadratic_ss": 20, "packed_ss": 8}
+    per_nfe = {"ar": 1, "linear_ss": 2, "quadratic_ss": 2.5, "packed_ss": 2, "auto": 2}
+    rows = {"ar": 1, "linear_ss": 4, "quadratic_ss": 20, "packed_ss": 8, "auto": 8}
 
     def decode(model, ids, mode, settings, compiled=False):
         calls.append((mode, settings.max_new_tokens))
@@ -83,14 +83,14 @@ def test_run_command_warms_up_then_times_interleaved_repeats(monkeypatch, capsys
     from hf_packed_ss.tools.bench import measure
 
     calls: list = []
-    seconds = {"ar": 1.0, "linear_ss": 0.9, "quadratic_ss": 2.0, "packed_ss": 0.8}
+    seconds = {"ar": 1.0, "linear_ss": 0.9, "quadratic_ss": 2.0, "packed_ss": 0.8, "auto": 0.85}
     monkeypatch.setattr(measure, "decode_ours", _fake_decode(calls, seconds))
     out = tmp_path / "run.json"
     assert main(["run", "--repeats", "3", *QUICK, "--json", str(out)]) == 0
-    modes = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
-    assert calls[:4] == [(m, 2) for m in modes]  # the warm-up
-    timed = [m for m, n in calls[4:] if n == 128]  # the default answer length
-    assert len(timed) == len(calls) - 4 == 12
+    modes = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "auto"]
+    assert calls[:5] == [(m, 2) for m in modes]  # the warm-up
+    timed = [m for m, n in calls[5:] if n == 128]  # the default answer length
+    assert len(timed) == len(calls) - 5 == 15
     assert timed == modes + modes[1:] + modes[:1] + modes[2:] + modes[:2]  # rotated per round
     printed = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.split()[:1]
@@ -104,7 +104,7 @@ def test_run_command_warms_up_then_times_interleaved_repeats(monkeypatch, capsys
     import json
 
     saved = json.loads(out.read_text())
-    assert saved["repeats"] == 3 and len(saved["records"]) == 12 and saved["max_new_tokens"] == 128
+    assert saved["repeats"] == 3 and len(saved["records"]) == 15 and saved["max_new_tokens"] == 128
     packed = next(r for r in saved["rows"] if r["schedule"] == "packed_ss")
     assert packed["speedup"]["low"] <= packed["speedup"]["value"] <= packed["speedup"]["high"]
     assert saved["probe_s"] and set(saved["probe_s"]) == {"1", "8"}  # 1 row and packed_ss's rows per call

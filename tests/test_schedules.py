@@ -36,6 +36,9 @@ def test_rows_per_call(width):
             assert set(later) == {B} and len(later) == 2 * (len(stats.accepted_per_iteration) - 1)
         elif mode == "packed_ss":  # one call of at most 2B rows per iteration
             assert max(later) <= 2 * B and len(later) == len(stats.accepted_per_iteration) - 1
+        elif mode == "auto":  # AR or Packed-SS at a width up to W, one call per iteration
+            assert max(later) <= 2 * B and len(later) == len(stats.accepted_per_iteration) - 1
+            assert set(stats.width_per_iteration) <= set(range(width + 1))
         elif mode == "hybrid_ss":  # default k = 2 branches: one call of at most B + 2B rows per iteration
             assert max(later) <= 3 * B and len(later) == len(stats.accepted_per_iteration) - 1
         else:  # quadratic_ss: one call of B(B + 1) rows

@@ -16,7 +16,8 @@ from hf_packed_ss.engine.static import SlotCache, pad_rows, pad_template, slot_m
 from hf_packed_ss.front.forward import model_forward
 
 FAMILIES = {"nemotron": (lambda: tiny_model(0), SCHEDULES), "setdlm": (lambda: tiny_setdlm(0), WINDOW_SCHEDULES)}
-CASES = [(family, mode) for family, (_, modes) in FAMILIES.items() for mode in modes]
+# every fixed schedule (auto picks rows per call, which a static cache refuses: test_auto.py)
+CASES = [(family, mode) for family, (_, modes) in FAMILIES.items() for mode in modes if mode != "auto"]
 PROMPT = torch.tensor([[5, 9, 2, 7, 1, 3, 8]])
 
 

@@ -16,7 +16,7 @@ _SOURCES: dict[tuple, str] = {}  # the cost_model file each entry last started f
 
 
 def measured_key(model, batched: bool = False) -> tuple:
-    return (getattr(model.config, "_name_or_path", "") or "", type(model).__name__, str(model.device),
+    return (getattr(model.config, "_name_or_path", "") or id(model), type(model).__name__,  # unsaved: this object str(model.device),
             str(model.dtype), torch.get_num_threads(), "batch" if batched else "one")
 
 
