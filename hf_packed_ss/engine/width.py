@@ -17,15 +17,16 @@ with rows(W, n) read from the decode's own layout. The chooser plays the best ar
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 import torch
 
 from .contract import Plan, Proposal
 from .cost import DRAFT, VERIFY, CallCost
+from .layouts.mask import MaskBuffer
 from .state import DecoderState
 
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
@@ -96,19 +97,25 @@ def draft_chain(rates: list[float], width: int) -> tuple[np.ndarray, np.ndarray]
     return pi / max(pi.sum(), 1e-12), np.array(tokens)
 
 
-@lru_cache(maxsize=64)
-def call_rows(layout_type: type, static_shapes: bool, width: int) -> tuple[int, tuple[int, ...]]:
+_ROWS: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+
+
+def call_rows(layout, width: int) -> tuple[int, tuple[int, ...]]:
     """(rows of an AR call, rows of a Packed-SS call at `width` finding a draft of n tokens, per n), read off
-    the layout itself: it builds those calls after a cached prompt with one pending token."""
-    layout = layout_type(0, static_shapes=static_shapes)
-    state = DecoderState(torch.zeros(4, dtype=torch.long), 4 * width + 8, 2 * (width + 1))
-    state.left, state.pending, state.cache_len = 1, range(0, 1), 4
-    window = layout.window(1, state.end, width, {})
-    ar = layout.build(Plan(order=window[:1]), state).rows
-    block = (Proposal(0, anchored=True),)
-    drafted = tuple(layout.build(Plan(window, torch.zeros(n, dtype=torch.long), proposals=block), state).rows
-                    for n in range(width))
-    return ar, drafted
+    the layout itself: a copy of it (with a mask buffer of its own) builds those calls after a cached prompt
+    with one pending token. Kept per layout class, shape policy and width."""
+    key = (type(layout), bool(layout.static_shapes), width)
+    if key not in _ROWS:
+        builder = copy.copy(layout)
+        builder.masks = MaskBuffer()
+        state = DecoderState(torch.zeros(4, dtype=torch.long), 4 * width + 8, 2 * (width + 1))
+        state.left, state.pending, state.cache_len = 1, range(0, 1), 4
+        window = builder.window(1, state.end, width, {})
+        ar = builder.build(Plan(order=window[:1]), state).rows
+        block = (Proposal(0, anchored=True),)
+        _ROWS[key] = ar, tuple(builder.build(Plan(window, torch.zeros(n, dtype=torch.long), proposals=block),
+                                             state).rows for n in range(width))
+    return _ROWS[key]
 
 
 @dataclass
@@ -135,12 +142,12 @@ class WidthChooser:
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
-        self.layout = (type(layout), bool(layout.static_shapes))
+        self.layout = layout
         self.arm, self.tic, self.since = None, None, 0
         self.queue = self.exploration()
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
-        return call_rows(*self.layout, max(width, 1))
+        return call_rows(self.layout, max(width, 1))
 
     def exploration(self) -> list[int]:
         """The calls that measure what the cost model lacks: two at each of a spread of widths (the first call
@@ -186,6 +193,7 @@ class WidthChooser:
 
         if self.queue:
             self.arm = self.queue.pop(0)
+            self.since = DECIDE_EVERY  # what the queue measured is used as soon as it ends
         elif self.arm is None or self.since >= DECIDE_EVERY:
             self.arm = self.decide()
         self.tic = time.perf_counter()

@@ -16,8 +16,9 @@ _SOURCES: dict[tuple, str] = {}  # the cost_model file each entry last started f
 
 
 def measured_key(model, batched: bool = False) -> tuple:
-    return (getattr(model.config, "_name_or_path", "") or id(model), type(model).__name__,  # unsaved: this object str(model.device),
-            str(model.dtype), torch.get_num_threads(), "batch" if batched else "one")
+    name = getattr(model.config, "_name_or_path", "") or id(model)  # a model never saved: this object
+    return (name, type(model).__name__, str(model.device), str(model.dtype), torch.get_num_threads(),
+            "batch" if batched else "one")
 
 
 def measured_for(model, batched: bool = False, cost_model: str | Path | None = None) -> Measured:
