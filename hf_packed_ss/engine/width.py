@@ -32,7 +32,8 @@ from .state import DecoderState
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
 STRENGTH = 1.0  # pseudo-observations of that prior
 FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
-DECIDE_EVERY = 8  # calls between two decisions (a decision solves one chain per width: ~0.5 ms for 16)
+DECIDE_EVERY = 8  # calls between two decisions
+FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
@@ -139,11 +140,12 @@ class WidthChooser:
         self.queue: list[int] = []
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
+        self.decisions, self.full = 0, True  # decisions made; whether the next weighs every width
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
         self.layout = layout
-        self.arm, self.tic, self.since = None, None, 0
+        self.arm, self.tic, self.since, self.decisions, self.full = None, None, 0, 0, True
         self.queue = self.exploration()
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
@@ -173,9 +175,12 @@ class WidthChooser:
             return None
         return float(pi @ tokens) / max(float(pi @ np.array(seconds)), 1e-12)
 
-    def best(self) -> tuple[int, dict[int, float]]:
+    def best(self, near: int | None = None) -> tuple[int, dict[int, float]]:
+        """The arm predicted fastest and every prediction made; `near`: only AR and the widths next to it (a
+        cheap decision between two full ones)."""
         rates = self.measured.profile.rates(self.widths[-1])
-        predicted = {arm: t for arm in self.arms if (t := self.throughput(arm, rates)) is not None}
+        arms = self.arms if near is None else [a for a in self.arms if a == 0 or abs(a - near) <= 1]
+        predicted = {arm: t for arm in arms if (t := self.throughput(arm, rates)) is not None}
         return max(predicted, key=predicted.get), predicted
 
     def observe(self, first: int, drafted: int, h: int) -> None:
@@ -193,7 +198,7 @@ class WidthChooser:
 
         if self.queue:
             self.arm = self.queue.pop(0)
-            self.since = DECIDE_EVERY  # what the queue measured is used as soon as it ends
+            self.since, self.full = DECIDE_EVERY, True  # what the queue measured is weighed as soon as it ends
         elif self.arm is None or self.since >= DECIDE_EVERY:
             self.arm = self.decide()
         self.tic = time.perf_counter()
@@ -201,7 +206,10 @@ class WidthChooser:
 
     def decide(self) -> int:
         self.since = 0
-        best, predicted = self.best()
+        self.decisions += 1
+        local = not self.full and self.decisions % FULL_EVERY and self.arm in self.arms
+        self.full = False
+        best, predicted = self.best(near=self.arm if local else None)
         current = self.arm
         if current in predicted and predicted[best] < MARGIN * predicted[current]:
             best = current
@@ -210,6 +218,7 @@ class WidthChooser:
             # calls without drafts have won for a while: check a draft at the best width that drafts, less often
             # each time they still win
             self.measured.probe_every = min(2 * self.measured.probe_every, PROBE_MOST)
+            predicted = self.best()[1] if local else predicted
             width = max(drafting, key=lambda w: predicted.get(w, 0.0))
             self.queue = [width] * (PROBE_CALLS - 1)
             self.measured.undrafted = 0

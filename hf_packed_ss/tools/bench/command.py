@@ -19,7 +19,7 @@ import torch
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID
 from ...generation import MODES, family
-from . import compiled, report
+from . import auto, compiled, report
 from .grading import grade
 from .measure import (
     COMPILED,
@@ -98,7 +98,7 @@ def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
 
 
 def default_schedules(model) -> list[str]:
-    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}"]
+    ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}", auto.AUTO]
     fam = family(model.config)
     inexact = [m for m, s in fam.schedules.items() if not s.exact] if fam is not None else []  # SetDLM's native
     return ours + inexact + list(PEERS)
@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         if ours:
             section["limit"] = compiled.call_limit(model, ours, settings, inputs)
         results["compiled"] = section
+    results["auto"] = auto.summary(model, m.records, results["schedules"], results["complete_prompts"],
+                                   results["aggregates"], args.resamples, args.seed)
     results["command"] = "hf-packed-ss bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     files = report.write(Path(args.out), results)
     print(report.absolute_table(results))
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     if results.get("compiled"):
         print("\nCompiled (static cache + torch.compile) vs eager:")
         print(compiled.markdown(results["compiled"]))
+    if results.get("auto"):
+        print("\nauto (speculative_width / assistant_mode chosen per call):")
+        print(auto.markdown(results["auto"]))
     for schedule, error in m.errors.items():
         print(f"error [{schedule}]: {error}")
     print("\nwrote " + ", ".join(str(f) for f in files))

@@ -36,11 +36,17 @@ REFERENCE = ARSchedule.name
 BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
 
 
+WIDTH_MARK = "@"  # ``packed_ss@4``: the schedule at speculative_width=4, whatever --width says
+
+
 def schedule_mode(name: str) -> tuple[str, dict]:
     """A tool's schedule name -> (assistant_mode, its extra `generate` options): ``hybrid_ss:K`` is
-    ``assistant_mode="hybrid_ss", speculative_branches=K``; any other name is the mode itself."""
+    ``assistant_mode="hybrid_ss", speculative_branches=K``; ``MODE@W`` is MODE at ``speculative_width=W``; any
+    other name is the mode itself."""
+    name, _, width = name.partition(WIDTH_MARK)
     mode, _, k = name.partition(":")
-    return (mode, {BRANCHES: int(k)}) if k else (mode, {})
+    extra = {BRANCHES: int(k)} if k else {}
+    return mode, extra | ({"speculative_width": int(width)} if width else {})
 
 
 def schedule_name(text: str) -> str:
@@ -48,14 +54,18 @@ def schedule_name(text: str) -> str:
     ``hybrid_ss`` becomes ``hybrid_ss:<default k>``, so every table names the k it measured."""
     import argparse
 
-    mode, _, k = text.partition(":")
+    base, mark, width = text.partition(WIDTH_MARK)
+    mode, _, k = base.partition(":")
     branched = mode in WINDOW_SCHEDULES and BRANCHES in WINDOW_SCHEDULES[mode].options  # hybrid_ss
-    if branched and text == mode:
-        return f"{mode}:{DEFAULT_BRANCHES}"
-    if text in MODES + list(PEERS) or (branched and k.isdigit() and int(k) >= 1):
-        return text
-    raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, or "
-                                     f"{HYBRID}:K for K proposal branches (speculative_branches=K)")
+    drafts = mode in WINDOW_SCHEDULES and WINDOW_SCHEDULES[mode].speculative
+    if not mark or (width.isdigit() and int(width) >= 1 and drafts):
+        if branched and base == mode:
+            return f"{mode}:{DEFAULT_BRANCHES}{mark}{width}"
+        if base in MODES + ([] if mark else list(PEERS)) or (branched and k.isdigit() and int(k) >= 1):
+            return text
+    raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, "
+                                     f"{HYBRID}:K for K proposal branches (speculative_branches=K), or a "
+                                     f"speculative mode at width W as MODE{WIDTH_MARK}W (e.g. packed_ss@4)")
 
 
 # decode(schedule, input_ids) -> the Record fields it measured (width, new_tokens, nfe, times, rows, ..., tokens)
@@ -158,15 +168,17 @@ def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings, compile
     drafts = mode not in WINDOW_SCHEDULES or WINDOW_SCHEDULES[mode].speculative  # AR takes no width
     sync(ids.device)
     start = time.perf_counter()
-    out = model.generate(ids, assistant_mode=mode, speculative_width=settings.width if drafts else None,
-                         max_new_tokens=settings.max_new_tokens, return_dict_in_generate=True, **settings.sampling(),
-                         **extra)
+    extra.setdefault("speculative_width", settings.width if drafts else None)
+    out = model.generate(ids, assistant_mode=mode, max_new_tokens=settings.max_new_tokens,
+                         return_dict_in_generate=True, **settings.sampling(), **extra)
     sync(ids.device)
     wall = time.perf_counter() - start
     stats = out.decoding_stats
     return dict(width=stats.width, new_tokens=stats.new_tokens, nfe=stats.nfe, decoder_time_s=stats.decoder_time_s,
                 generate_wall_s=wall, model_time_s=stats.model_time_s, rows_per_call=list(stats.rows_per_call),
                 accepted_per_iteration=list(stats.accepted_per_iteration), compile_time_s=stats.compile_time_s,
+                width_per_iteration=list(stats.width_per_iteration),
+                schedule_per_iteration=list(stats.schedule_per_iteration),
                 prompt_time_s=stats.prompt_time_s, tokens=out.sequences[0, ids.shape[1]:].tolist())
 
 

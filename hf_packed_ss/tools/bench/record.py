@@ -17,7 +17,8 @@ class Record:
         decoder_time_s: decoder wall time as appendix E.5 defines it (prefill and all decoding, synchronised).
         generate_wall_s: wall time of the whole `generate` call (also its argument checks and set-up).
         model_time_s: time inside model forward calls; non_model_time_s = decoder_time_s - model_time_s.
-        rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration.
+        rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration;
+            width_per_iteration, schedule_per_iteration: each iteration's width and mode (what auto chose).
         compile_time_s: time of the calls that compiled a graph (ours, `+compile`); prompt_time_s: the prompt
             call's model time (ours), so the later calls' cost is (decoder_time_s - prompt_time_s) / (nfe - 1).
         compiled_graphs: graphs dynamo compiled during this decode (0 once warm: a recompile shows here).
@@ -42,6 +43,8 @@ class Record:
     model_time_s: float = 0.0
     rows_per_call: list[int] = field(default_factory=list)
     accepted_per_iteration: list[int] = field(default_factory=list)
+    width_per_iteration: list[int] = field(default_factory=list)
+    schedule_per_iteration: list[str] = field(default_factory=list)
     compile_time_s: float = 0.0
     prompt_time_s: float = 0.0
     compiled_graphs: int = 0

@@ -152,6 +152,10 @@ def markdown(results: dict) -> str:
         parts += ["## Compiled (static cache + torch.compile) vs eager", "",
                   "Each schedule's `+compile` variant ran in the same interleaved loop; compile time is the warm-up's, "
                   "kept out of every timed decode.", "", compiled_markdown(results["compiled"]), ""]
+    if results.get("auto"):
+        from .auto import markdown as auto_markdown
+
+        parts += ["## auto: the width and mode chosen per call", "", auto_markdown(results["auto"]), ""]
     if results.get("baseline_note"):
         parts += [f"Note: {results['baseline_note']}", ""]
     if results["errors"]:
