@@ -102,7 +102,7 @@ def table(result: dict):
         "schedule": r["label"], "W": r["width"], "tokens": r["new_tokens"], "NFE": r["nfe"],
         "tokens/NFE": num(r["tokens_per_nfe"], ".2f"), "wall s": num(r["wall_s"], ".3f"),
         "wall s range": "{:.3f}\u2013{:.3f}".format(*r["wall_range"]) if r.get("repeats", 0) > 1 else "-",
-        "tokens/s": num(r["tokens_per_s"], ".1f"), "speed-up vs AR": speed(r),
+        "tokens/s": num(r["tokens_per_s"], ".1f"), "speed-up vs AR": speed(r), "W per call": r["widths_used"],
         "same as AR": {None: "-", True: "yes", False: "NO"}[r["same_as_ar"]],
     } for r in result["schedules"]])
 
@@ -158,6 +158,9 @@ def lane_html(t: Trace | None, schedule: str, at: float | None = None, note: str
     flag = "" if not done else "stopped" if t.stopped else f"finished {ordinal}"
     share = 100 * n / max(1, total or len(t.tokens))
     meta = f"W = {t.width}" + (f", k = {t.branches}" if t.branches else "")
+    if schedule == "auto":  # the width it chose for the call that produced the latest token
+        now = t.width_at(n)
+        meta = "W chosen per call: " + ("-" if now is None else "AR" if now == 0 else str(now))
     width = f'<span class="lane-meta">{meta}</span>' if WINDOW_SCHEDULES[schedule].speculative else ""
     return (f'<div class="race-lane" data-schedule="{schedule}" data-finished="{str(done).lower()}" '
             f'data-tokens="{n}" data-nfe="{nfe}">'

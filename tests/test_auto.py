@@ -231,9 +231,13 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     assert cost.predict(DRAFT, 8) == pytest.approx(3.0)  # linear between 4 and 12 rows
     assert cost.predict(DRAFT, 16) == pytest.approx(5.0)  # the last segment's slope beyond
     assert cost.predict(DRAFT, 1) == pytest.approx(1.25)  # and before, never below half the nearest point
+    for _ in range(4):
+        cost.observe(DRAFT, 4, 2.0)
     for _ in range(3):
-        cost.observe(DRAFT, 4, 100.0)  # a pause of the machine moves the mean at most 2x per call
-    assert cost.predict(DRAFT, 4) < 20
+        cost.observe(DRAFT, 4, 100.0)  # pauses of the machine: the median of the recent calls stays
+    assert cost.predict(DRAFT, 4) == 2.0
+    cost.observe(DRAFT, 8, 1.0)  # cheaper than 4 rows: noise, pooled with its neighbour (non-decreasing)
+    assert cost.predict(DRAFT, 4) == cost.predict(DRAFT, 8) < 2.0 < cost.predict(DRAFT, 12)
     path = tmp_path / "cost.json"
     cost.save(path, key=("model", "cpu"))
     assert CallCost.load(path).points == cost.points
@@ -313,7 +317,8 @@ def test_generate_reads_a_cost_model_file(models, tmp_path):
                          return_dict_in_generate=True)
     assert out.sequences[0, 3:].tolist() == reference_greedy(model, torch.tensor([1, 2, 3]), 30)
     # drafting calls cost 5x an AR call in the file: a random model's drafts cannot pay for that
-    assert out.decoding_stats.schedule_per_iteration[-10:] == ["ar"] * 10
+    modes = out.decoding_stats.schedule_per_iteration
+    assert modes[:4] == ["ar"] * 4 and modes.count("ar") >= 0.8 * len(modes)  # (and a draft is checked now and then)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -358,9 +358,9 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
                      "--repeats", "1", "--out", str(out), "--no-progress"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
-    schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss:2", "stock", "prompt_lookup"]
+    schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss:2", "auto", "stock", "prompt_lookup"]
     assert results["schedules"] == schedules and not results["errors"], results["errors"]
-    assert results["complete_prompts"] == [0, 1] and len(results["records"]) == 14
+    assert results["complete_prompts"] == [0, 1] and len(results["records"]) == 16
     assert [o["order"] for o in results["orders"]] == [schedules, schedules[1:] + schedules[:1]]
     for r in results["records"]:
         assert r["new_tokens"] == 8 and r["nfe"] >= 1 and r["decoder_time_s"] > 0
@@ -380,6 +380,12 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert env["packages"]["torch"] and env["dtype"] == "float32" and env["seed"] == 0 and env["cpu"]
     report = (out / "report.md").read_text()
     assert "| packed_ss |" in report and "Paired ratios to linear_ss" in report
+    section = results["auto"]  # what auto chose, against the best fixed choice and stock, and the cost model
+    assert sum(section["choices"].values()) == pytest.approx(1.0) and section["best_fixed"] in ("ar", "packed_ss")
+    best = section["vs_best"]
+    assert best["low"] <= best["value"] <= best["high"] and "vs_stock" in section
+    assert {c["schedule"] for c in section["cost_model"]} >= {"ar", "packed_ss", "auto"}
+    assert "## auto: the width and mode chosen per call" in report
     for png in ("ratios.png", "timing.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "prompt_lookup" in capsys.readouterr().out

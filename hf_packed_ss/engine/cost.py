@@ -1,9 +1,10 @@
 """The time per NFE on this machine: seconds per decoding iteration as a function of the call's rows.
 
 Measured, not assumed: every iteration of an `auto` decode times itself (the wall time from one call's plan to
-the next, so the model call, the verification and the loop's own work are all in it) and the mean per row
-count is kept. Between measured row counts the cost is interpolated piecewise linearly, so a cheaper path for
-1-row calls, or a step where a kernel changes, is followed instead of being averaged into one straight line.
+the next, so the model call, the verification and the loop's own work are all in it) and each row count keeps
+the median of its recent calls. Between measured row counts the cost, made non-decreasing in rows, is
+interpolated piecewise linearly, so a cheaper path for 1-row calls, or a step where a kernel changes, is
+followed instead of being averaged into one straight line.
 Calls that ask the drafter and calls that do not are kept apart: on a LoRA drafter the first pay the adapter.
 
 One `CallCost` per model, device, dtype and thread count lives for the process (`Measured`); `hf-packed-ss
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
-MEMORY = 20  # the mean of a row count follows its last ~MEMORY calls
+RECENT = 9  # a row count's cost is the median of its last RECENT calls
 BUCKET = 16  # row counts past 64 (prompt calls) share a point per 16 rows
 
 
@@ -29,37 +31,59 @@ def _key(rows: int) -> int:
 
 @dataclass
 class CallCost:
-    """Mean seconds per iteration by call kind and row count: ``points[kind][rows] = [seconds, calls]``."""
+    """Seconds per iteration by call kind and row count: ``points[kind][rows] = [seconds, calls]``, seconds the
+    median of that row count's last `RECENT` calls (a first call of a shape, which builds its templates, or a
+    pause of the machine does not move it)."""
 
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
+    _smooth: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict, repr=False)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
-        """One timed iteration. A call far off the running mean (a pause of the machine) moves it at most 2x."""
-        point = self.points[kind].setdefault(_key(rows), [seconds, 0.0])
-        mean, n = point
-        if n:
-            seconds = min(max(seconds, mean / 2), 2 * mean)
-        point[1] = n + 1
-        point[0] = mean + (seconds - mean) / min(n + 1, MEMORY)
+        """One timed iteration."""
+        key = _key(rows)
+        times = self.recent.setdefault((kind, key), deque(maxlen=RECENT))
+        point = self.points[kind].get(key)
+        if point is not None and not times:  # loaded from a file: its value is the first of the window
+            times.append(point[0])
+        times.append(seconds)
+        self.points[kind][key] = [sorted(times)[len(times) // 2], (point[1] if point else 0.0) + 1]
+        self._smooth.pop(kind, None)
 
     def measured(self, kind: str) -> list[int]:
         return sorted(self.points[kind])
 
+    def curve(self, kind: str) -> tuple[list[int], list[float]]:
+        """The measured row counts and their cost made non-decreasing in rows (pool-adjacent-violators, weighted
+        by calls): noise between neighbouring row counts is averaged out instead of ranking widths."""
+        if kind not in self._smooth:
+            xs = sorted(self.points[kind])
+            blocks: list[list[float]] = []  # [weighted sum, weight, points]
+            for x in xs:
+                seconds, calls = self.points[kind][x]
+                blocks.append([seconds * max(calls, 1.0), max(calls, 1.0), 1])
+                while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                    last = blocks.pop()
+                    blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
+            ys = [b[0] / b[1] for b in blocks for _ in range(int(b[2]))]
+            self._smooth[kind] = xs, ys
+        return self._smooth[kind]
+
     def predict(self, kind: str, rows: int) -> float | None:
-        """Seconds for one iteration whose call has `rows` rows: the measured mean, linear between the nearest
-        measured row counts, the end segments' slope beyond them (never below half the nearest point); None
-        before any call of this kind was measured."""
-        table = self.points[kind]
-        if not table:
+        """Seconds for one iteration whose call has `rows` rows: the smoothed measured cost (`curve`), linear
+        between the nearest measured row counts, the end segments' slope beyond them (never below half the
+        nearest point); None before any call of this kind was measured."""
+        xs, ys = self.curve(kind)
+        if not xs:
             return None
         rows = _key(rows)
-        if rows in table:
-            return table[rows][0]
-        xs = sorted(table)
+        i = bisect_left(xs, rows)
+        if i < len(xs) and xs[i] == rows:
+            return ys[i]
         if len(xs) == 1:
-            return table[xs[0]][0]
-        i = min(max(bisect_left(xs, rows), 1), len(xs) - 1)
-        (x0, x1), (y0, y1) = (xs[i - 1], xs[i]), (table[xs[i - 1]][0], table[xs[i]][0])
+            return ys[0]
+        i = min(max(i, 1), len(xs) - 1)
+        (x0, x1), (y0, y1) = (xs[i - 1], xs[i]), (ys[i - 1], ys[i])
         value = y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
         return max(value, 0.5 * (y0 if rows < x0 else y1))
 

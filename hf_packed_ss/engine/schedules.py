@@ -327,7 +327,8 @@ class AutoSchedule(PackedSSSchedule):
 
     def plan(self, window: tuple[int, ...]) -> Plan:
         if not self.arm:
-            self.draft, self.base = Draft(), None
+            if self.base is not None:  # an AR call drops the draft
+                self.draft, self.base = Draft(), None
             return Plan(order=window[:1])
         return super().plan(window)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -32,11 +33,12 @@ from .state import DecoderState
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
 STRENGTH = 1.0  # pseudo-observations of that prior
 FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
-DECIDE_EVERY = 8  # calls between two decisions
+DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
 FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
+QUANTUM = 64  # rates are rounded to 1/64 for the chain (whose solutions are kept)
 
 
 @dataclass
@@ -98,6 +100,12 @@ def draft_chain(rates: list[float], width: int) -> tuple[np.ndarray, np.ndarray]
     return pi / max(pi.sum(), 1e-12), np.array(tokens)
 
 
+@lru_cache(maxsize=4096)
+def _solved(width: int, rates: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """`draft_chain` at rates rounded to 1/QUANTUM: rates move slowly, so most decisions find their chains solved."""
+    return draft_chain([0.5, *(r / QUANTUM for r in rates)], width)
+
+
 _ROWS: dict[tuple, tuple[int, tuple[int, ...]]] = {}
 
 
@@ -141,11 +149,13 @@ class WidthChooser:
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
         self.decisions, self.full = 0, True  # decisions made; whether the next weighs every width
+        self.every = DECIDE_EVERY  # calls between decisions now
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
         self.layout = layout
         self.arm, self.tic, self.since, self.decisions, self.full = None, None, 0, 0, True
+        self.every = DECIDE_EVERY
         self.queue = self.exploration()
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
@@ -169,7 +179,7 @@ class WidthChooser:
         if arm == 0:
             seconds = cost.predict(VERIFY, self.rows(0)[0])
             return None if not seconds else 1.0 / seconds
-        pi, tokens = draft_chain(rates, arm)
+        pi, tokens = _solved(arm, tuple(round(r * QUANTUM) for r in rates[1:arm]))
         seconds = [cost.predict(DRAFT, n) for n in self.rows(arm)[1]]
         if any(s is None for s in seconds):
             return None
@@ -198,9 +208,11 @@ class WidthChooser:
 
         if self.queue:
             self.arm = self.queue.pop(0)
-            self.since, self.full = DECIDE_EVERY, True  # what the queue measured is weighed as soon as it ends
-        elif self.arm is None or self.since >= DECIDE_EVERY:
-            self.arm = self.decide()
+            self.since, self.full, self.every = DECIDE_MOST, True, DECIDE_EVERY  # weigh what it measured at once
+        elif self.arm is None or self.since >= self.every:
+            arm = self.decide()
+            self.every = min(2 * self.every, DECIDE_MOST) if arm == self.arm else DECIDE_EVERY
+            self.arm = arm
         self.tic = time.perf_counter()
         return self.arm
 

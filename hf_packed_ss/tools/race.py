@@ -29,9 +29,9 @@ from .bench.statistics import rotation
 
 DEFAULT_MODELS = ("tiny-nemotron-gsm8k", "tiny-nemotron-random")
 LABELS = {"ar": "AR", "linear_ss": "Linear-SS", "quadratic_ss": "Quadratic-SS", "packed_ss": "Packed-SS",
-          HYBRID: "Hybrid-SS", "native": "Native (SetDLM)"}
-ORDER = ["ar", "linear_ss", "quadratic_ss", "packed_ss", HYBRID, "native"]
-DEFAULT_SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss"]
+          HYBRID: "Hybrid-SS", "native": "Native (SetDLM)", "auto": "Auto (W per call)"}
+ORDER = ["ar", "linear_ss", "quadratic_ss", "packed_ss", HYBRID, "auto", "native"]
+DEFAULT_SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "auto"]
 # An answer long enough to time a speculative schedule (at 24 tokens the prefill and the first calls dominate),
 # and timed runs per schedule: the median is reported, the range shows the noise.
 DEFAULT_MAX_NEW_TOKENS, DEFAULT_REPEATS, MAX_REPEATS = 128, 3, 9
@@ -75,6 +75,7 @@ class Trace:
     decoder_time_s: float = 0.0
     model_time_s: float = 0.0
     accepted_per_iteration: list[int] = field(default_factory=list)
+    width_per_iteration: list[int] = field(default_factory=list)  # 0: an AR iteration (what auto chose)
     rows_per_call: list[int] = field(default_factory=list)
     stopped: bool = False
     runs_wall_s: list[float] = field(default_factory=list)  # every timed run of this schedule, in round order
@@ -102,9 +103,27 @@ class Trace:
             counts[max(0, bisect.bisect_right(self.call_times, t) - 1)] += 1
         return counts
 
+    def width_at(self, tokens: int) -> int | None:
+        """The width of the iteration that accepted the `tokens`-th token (0: AR; None: nothing accepted yet)."""
+        seen = 0
+        for accepted, width in zip(self.accepted_per_iteration, self.width_per_iteration, strict=False):
+            seen += accepted
+            if seen >= tokens:
+                return width if tokens else None
+        return self.width_per_iteration[-1] if self.width_per_iteration and tokens else None
+
+    def widths_used(self) -> str:
+        """Share of iterations at each width, e.g. "AR 10% · W6 90%" ("-" for a schedule of one width)."""
+        counts = {w: self.width_per_iteration.count(w) for w in sorted(set(self.width_per_iteration))}
+        if len(counts) < 2 and self.schedule != "auto":
+            return "-"
+        total = max(1, len(self.width_per_iteration))
+        return " \u00b7 ".join(f"{'AR' if w == 0 else f'W{w}'} {100 * n / total:.0f}%" for w, n in counts.items())
+
     def to_dict(self) -> dict:
         return {**asdict(self), "new_tokens": self.new_tokens, "tokens_per_nfe": self.tokens_per_nfe,
-                "tokens_per_s": self.tokens_per_s, "tokens_per_call": self.tokens_per_call()}
+                "tokens_per_s": self.tokens_per_s, "tokens_per_call": self.tokens_per_call(),
+                "widths_used": self.widths_used()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
@@ -202,6 +221,7 @@ def decode_one(model, tokenizer, ids: torch.Tensor, mode: str, *, width: int | N
         trace.width, trace.nfe = stats.width, stats.nfe
         trace.decoder_time_s, trace.model_time_s = stats.decoder_time_s, stats.model_time_s
         trace.accepted_per_iteration = list(stats.accepted_per_iteration)
+        trace.width_per_iteration = list(stats.width_per_iteration)
         trace.rows_per_call = list(stats.rows_per_call)
     else:
         trace.nfe = len(trace.call_times)

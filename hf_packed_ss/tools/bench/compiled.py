@@ -17,6 +17,7 @@ from dataclasses import asdict
 import torch
 
 from ...engine import Greedy
+from ...engine.schedules import AutoSchedule
 from ...engine.static import steady_rows
 from ...front.families import default_width, family
 from ...front.generate import compile_options
@@ -27,8 +28,9 @@ PACKED = "packed_ss"
 
 
 def variants(schedules: list[str]) -> list[str]:
-    """Each schedule followed by its compiled variant."""
-    return [name for s in schedules for name in (s, s + COMPILED)]
+    """Each schedule followed by its compiled variant (auto has none: its calls change rows, which a static
+    cache's one compiled shape refuses)."""
+    return [name for s in schedules for name in ((s,) if s.startswith(AutoSchedule.name) else (s, s + COMPILED))]
 
 
 def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tuple[tuple[str, int], ...]:

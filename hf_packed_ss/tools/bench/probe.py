@@ -241,6 +241,22 @@ def _best(rows: list[dict], key: str) -> dict:
     return max(rows, key=lambda r: r[key] if r[key] is not None else float("-inf"))
 
 
+def measure_cost(model, ids: torch.Tensor, max_new_tokens: int = 48, rounds: int = 2):
+    """The call cost `auto` measures online, measured ahead of time: greedy `assistant_mode="auto"` decodes of `ids`
+    at every width (each decode times its own calls: AR and Packed-SS at that width, in the loop's real calls,
+    the loop's own work included), `rounds` times, starting from nothing. Returns (the `CallCost`, its key)."""
+    from ...front.families import family
+    from ...front.measured import forget, measured_for, measured_key
+
+    decoder = getattr(model, "_hf_packed_ss_twin", model)
+    forget()
+    for _ in range(rounds):
+        for width in range(1, family(decoder.config).widths(decoder.config)[0] + 1):
+            model.generate(ids, assistant_mode="auto", speculative_width=width, max_new_tokens=max_new_tokens,
+                           do_sample=False)
+    return measured_for(decoder).cost, measured_key(decoder)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-packed-ss probe", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="bundled name or local folder (default: the results' model, "
@@ -258,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "layout's own default, what generate decodes with)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the probe's numbers to this file")
+    p.add_argument("--cost-model", default=None, metavar="FILE",
+                   help="measure the call cost auto uses (real decodes at every width, the loop included) and write "
+                        "it to FILE for generate(..., cost_model=FILE); nothing else is probed")
     return p
 
 
@@ -272,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = resolve(args.device or config.get("device", "auto"), args.dtype or config.get("dtype", "auto"))
     model_name = args.model or config.get("model", "tiny-nemotron-random")
     torch.manual_seed(args.seed)
-    model, _ = load_model(model_name, dtype)
+    model, tokenizer = load_model(model_name, dtype)
     model.to(device)
+    if args.cost_model:
+        return write_cost_model(model, tokenizer, model_name, Path(args.cost_model))
     rows = sorted(set(args.rows))
     latency = time_rows(model, rows, args.context, args.iters, seed=args.seed)
     tau, delta, r2 = fit(latency)
@@ -317,4 +338,18 @@ def main(argv: list[str] | None = None) -> int:
             out["predicted_fastest"], out["measured_fastest"] = p["schedule"], m["schedule"]
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+def write_cost_model(model, tokenizer, name: str, path: Path) -> int:
+    from .command import encode
+    from .suites import load_suite
+
+    ids = encode(tokenizer, load_suite("sample", limit=1)[0], None).to(model.device)
+    cost, key = measure_cost(model, ids)
+    cost.save(path, key)
+    print(f"{name}: seconds per iteration by call rows (auto's cost model; loop included), wrote {path}")
+    for kind, table in cost.points.items():
+        print(f"  {kind:<7}" + ", ".join(f"{rows}: {point[0] * 1e3:.2f} ms" for rows, point in sorted(table.items())))
+    print(f"Use it: model.generate(..., assistant_mode='auto', cost_model={str(path)!r})")
     return 0
