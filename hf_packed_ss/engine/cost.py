@@ -40,9 +40,14 @@ class CallCost:
     _smooth: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict, repr=False)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
-        """One timed iteration."""
+        """One timed iteration. The first call of a row count in the process is not kept: it builds that
+        shape's templates and buffers, which its later calls reuse."""
         key = _key(rows)
-        times = self.recent.setdefault((kind, key), deque(maxlen=RECENT))
+        if (kind, key) not in self.recent:
+            self.recent[kind, key] = deque(maxlen=RECENT)
+            if key not in self.points[kind]:
+                return
+        times = self.recent[kind, key]
         point = self.points[kind].get(key)
         if point is not None and not times:  # loaded from a file: its value is the first of the window
             times.append(point[0])

@@ -162,15 +162,15 @@ class WidthChooser:
         return call_rows(self.layout, max(width, 1))
 
     def exploration(self) -> list[int]:
-        """The calls that measure what the cost model lacks: two at each of a spread of widths (the first call
-        also processes the prompt), and two AR calls."""
+        """The calls that measure what the cost model lacks: four at each of a spread of widths (the first call
+        also processes the prompt), and three AR calls (a row count's first call is not kept)."""
         cost, plan = self.measured.cost, []
         spread = sorted({self.widths[-1], self.widths[len(self.widths) // 2], self.widths[0]}, reverse=True)
         for w in spread:
             if self.rows(w)[1][-1] not in cost.points[DRAFT]:
-                plan += [w, w, w]
+                plan += [w] * 4
         if self.ar and self.rows(0)[0] not in cost.points[VERIFY]:
-            plan += [0, 0]
+            plan += [0] * 3
         return plan
 
     def throughput(self, arm: int, rates: list[float]) -> float | None:
