@@ -52,7 +52,7 @@ class CallCost:
         if point is not None and not times:  # loaded from a file: its value is the first of the window
             times.append(point[0])
         times.append(seconds)
-        self.points[kind][key] = [sorted(times)[len(times) // 2], (point[1] if point else 0.0) + 1]
+        self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]
         self._smooth.pop(kind, None)
 
     def measured(self, kind: str) -> list[int]:

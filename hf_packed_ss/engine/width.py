@@ -31,8 +31,8 @@ from .layouts.mask import MaskBuffer
 from .state import DecoderState
 
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
-STRENGTH = 1.0  # pseudo-observations of that prior
-FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
+STRENGTH = 4.0  # pseudo-observations of that prior
+FORGET = 0.97  # each verification discounts what the older ones said (adapts within a decode)
 DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
 FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
@@ -57,12 +57,16 @@ class AcceptanceProfile:
             grow = top - len(self.tried)
             self.tried += [0.0] * grow
             self.accepted += [0.0] * grow
+        self.tried = [FORGET * t for t in self.tried]  # every offset forgets, also those this draft never reached:
+        self.accepted = [FORGET * a for a in self.accepted]  # an estimate nothing refreshes returns to its prior
         for i, k in enumerate(range(first, top)):
-            self.tried[k] = FORGET * self.tried[k] + 1
-            self.accepted[k] = FORGET * self.accepted[k] + (i < h)
+            self.tried[k] += 1
+            self.accepted[k] += i < h
 
     def rates(self, top: int) -> list[float]:
-        """r_0..r_(top-1) (r_0 unused): posterior means, each prior the estimate one offset nearer."""
+        """r_0..r_(top-1) (r_0 unused): posterior means, each shrunk towards the estimate one offset nearer by
+        `STRENGTH` pseudo-observations. Far offsets are tried least often: without the shrinkage their noise
+        would pick the widest widths (the largest of many noisy estimates is biased up)."""
         out, prior = [PRIOR], PRIOR
         for k in range(1, top):
             tried = self.tried[k] if k < len(self.tried) else 0.0
