@@ -254,11 +254,9 @@ def test_the_acceptance_profile_counts_each_offset_given_the_ones_before():
     for _ in range(50):
         profile.observe(1, 4, 2)  # offsets 1, 2 survive, 3 does not, 4 is never reached
     rates = profile.rates(6)
-    assert rates[1] > 0.9 and rates[2] > 0.9 and rates[3] < 0.2
+    assert rates[1] > 0.95 and rates[2] > 0.95 and rates[3] < 0.1
     assert rates[4] == pytest.approx(rates[3]) and rates[5] == pytest.approx(rates[3])  # unseen: the one before
-    for _ in range(3):
-        profile.observe(4, 1, 1)  # offset 4 tried three times: still near offset 3's estimate
-    assert profile.rates(6)[4] < 0.6  # (3 + 4 x ~0.1) / (3 + 4): shrunk, not 1
+
 
 def test_the_chooser_follows_cost_and_acceptance():
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
@@ -275,7 +273,7 @@ def test_the_chooser_follows_cost_and_acceptance():
     assert chooser.best()[0] == 0
     arms = [chooser.choose(1) for _ in range(3 * PROBE_FIRST)]
     assert arms[0] == 0 and any(a >= 2 for a in arms)  # AR, with a check of the drafts now and then
-    assert measured.probe_every == 2 * PROBE_FIRST  # AR still won: the next check comes later
+    assert measured.probe_every == 4 * PROBE_FIRST  # AR still won by far: the next check comes much later
 
 
 def test_a_cold_chooser_measures_a_spread_of_widths_first():

@@ -31,13 +31,14 @@ from .layouts.mask import MaskBuffer
 from .state import DecoderState
 
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
-STRENGTH = 4.0  # pseudo-observations of that prior
-FORGET = 0.97  # each verification discounts what the older ones said (adapts within a decode)
+STRENGTH = 1.0  # pseudo-observations of that prior
+FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
 DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
 FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
+CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
 QUANTUM = 64  # rates are rounded to 1/64 for the chain (whose solutions are kept)
 
 
@@ -57,16 +58,12 @@ class AcceptanceProfile:
             grow = top - len(self.tried)
             self.tried += [0.0] * grow
             self.accepted += [0.0] * grow
-        self.tried = [FORGET * t for t in self.tried]  # every offset forgets, also those this draft never reached:
-        self.accepted = [FORGET * a for a in self.accepted]  # an estimate nothing refreshes returns to its prior
         for i, k in enumerate(range(first, top)):
-            self.tried[k] += 1
-            self.accepted[k] += i < h
+            self.tried[k] = FORGET * self.tried[k] + 1
+            self.accepted[k] = FORGET * self.accepted[k] + (i < h)
 
     def rates(self, top: int) -> list[float]:
-        """r_0..r_(top-1) (r_0 unused): posterior means, each shrunk towards the estimate one offset nearer by
-        `STRENGTH` pseudo-observations. Far offsets are tried least often: without the shrinkage their noise
-        would pick the widest widths (the largest of many noisy estimates is biased up)."""
+        """r_0..r_(top-1) (r_0 unused): posterior means, each prior the estimate one offset nearer."""
         out, prior = [PRIOR], PRIOR
         for k in range(1, top):
             tried = self.tried[k] if k < len(self.tried) else 0.0
@@ -233,9 +230,10 @@ class WidthChooser:
         if best < 2 and drafting and self.measured.undrafted >= self.measured.probe_every:
             # calls without drafts have won for a while: check a draft at the best width that drafts, less often
             # each time they still win
-            self.measured.probe_every = min(2 * self.measured.probe_every, PROBE_MOST)
             predicted = self.best()[1] if local else predicted
             width = max(drafting, key=lambda w: predicted.get(w, 0.0))
+            clear = predicted.get(best, 0.0) > CLEAR * predicted.get(width, 0.0)  # AR far ahead: check less often
+            self.measured.probe_every = min((4 if clear else 2) * self.measured.probe_every, PROBE_MOST)
             self.queue = [width] * (PROBE_CALLS - 1)
             self.measured.undrafted = 0
             return width
