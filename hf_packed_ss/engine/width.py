@@ -192,6 +192,8 @@ class WidthChooser:
         rates = self.measured.profile.rates(self.widths[-1])
         arms = self.arms if near is None else [a for a in self.arms if a == 0 or abs(a - near) <= 1]
         predicted = {arm: t for arm in arms if (t := self.throughput(arm, rates)) is not None}
+        if not predicted:  # nothing measured yet for these arms (a cost file without them): the widest first
+            return self.widths[-1] if self.widths else 0, predicted
         return max(predicted, key=predicted.get), predicted
 
     def observe(self, first: int, drafted: int, h: int) -> None:
@@ -206,7 +208,6 @@ class WidthChooser:
         self.since += 1
         if self.arm is not None and self.arm < 2:  # AR, or Packed-SS at W = 1 (its one drafted position is verified
             self.measured.undrafted += 1           # by the call that drafts it): nothing to learn from
-
         if self.queue:
             self.arm = self.queue.pop(0)
             self.since, self.full, self.every = DECIDE_MOST, True, DECIDE_EVERY  # weigh what it measured at once
