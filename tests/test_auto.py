@@ -349,3 +349,15 @@ def test_packed_ss_at_a_fixed_width_is_what_auto_plays_at_that_width(models):
     _, fixed = decode(model, PackedSSSchedule(4), prompt, 40)
     _, auto = decode(model, AutoSchedule(4, widths=(4,), ar=False), prompt, 40)
     assert auto.rows_per_call == fixed.rows_per_call and auto.accepted_per_iteration == fixed.accepted_per_iteration
+
+
+def test_tools_read_the_measure_of_the_model_generate_decodes_with(models):
+    """A PEFT model's generate runs its base's: the bench and the probe read the base's `Measured`."""
+    from hf_packed_ss.front.measured import decoder_of
+
+    class Wrapped:
+        def get_base_model(self):
+            return models[0]
+
+    assert decoder_of(Wrapped()) is models[0] and decoder_of(models[0]) is models[0]
+    assert measured_for(decoder_of(Wrapped())) is measured_for(models[0])

@@ -15,6 +15,13 @@ _MEASURED: dict[tuple, Measured] = {}
 _SOURCES: dict[tuple, str] = {}  # the cost_model file each entry last started from
 
 
+def decoder_of(model):
+    """The model `generate` decodes with: a PEFT model's base (its generate runs the base's), a released model's
+    twin."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "_hf_packed_ss_twin", inner)
+
+
 def measured_key(model, batched: bool = False) -> tuple:
     name = getattr(model.config, "_name_or_path", "") or id(model)  # a model never saved: this object
     return (name, type(model).__name__, str(model.device), str(model.dtype), torch.get_num_threads(),

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from ...engine.cost import DRAFT, VERIFY
 from ...engine.schedules import AutoSchedule, PackedSSSchedule
-from ...front.measured import measured_for
+from ...front.measured import decoder_of, measured_for
 from .measure import REFERENCE, STOCK, schedule_mode
 from .record import Record
 from .statistics import paired_intervals, per_prompt_totals
@@ -51,7 +51,7 @@ def summary(model, records: list[Record], schedules: list[str], complete: list[i
     """The section, or None when auto was not measured."""
     if AUTO not in schedules or not complete:
         return None
-    measured = measured_for(model)
+    measured = measured_for(decoder_of(model))
     done = set(complete)
     kept = [r for r in records if r.prompt in done and r.error is None]
     candidates = [s for s in schedules if fixed(s) and aggregates.get(s, {}).get("responses")]

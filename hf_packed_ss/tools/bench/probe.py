@@ -246,9 +246,9 @@ def measure_cost(model, ids: torch.Tensor, max_new_tokens: int = 48, rounds: int
     at every width (each decode times its own calls: AR and Packed-SS at that width, in the loop's real calls,
     the loop's own work included), `rounds` times, starting from nothing. Returns (the `CallCost`, its key)."""
     from ...front.families import family
-    from ...front.measured import forget, measured_for, measured_key
+    from ...front.measured import decoder_of, forget, measured_for, measured_key
 
-    decoder = getattr(model, "_hf_packed_ss_twin", model)
+    decoder = decoder_of(model)
     forget()
     for _ in range(rounds):
         for width in range(1, family(decoder.config).widths(decoder.config)[0] + 1):
