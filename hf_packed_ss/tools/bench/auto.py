@@ -97,3 +97,31 @@ def markdown(section: dict) -> str:
     lines += ["", "Acceptance by drafter offset (r_1, r_2, ...): "
               + ", ".join(f"{r:.2f}" for r in section["acceptance"])]
     return "\n".join(lines)
+
+
+def table(files: list[str]) -> str:
+    """One row per bench results.json with an auto section: the README's auto figures."""
+    import json
+    from pathlib import Path
+
+    head = ("| checkpoint, suite | best fixed | auto / best fixed | auto / stock | auto chose | cost model error "
+            "(worst schedule) |")
+    lines = [head, "|---|---|---|---|---|---|"]
+    for file in files:
+        results = json.loads(Path(file).read_text())
+        section = results.get("auto")
+        if not section:
+            continue
+        config = results["config"]
+
+        def cell(i: dict) -> str:
+            return f"{i['value']:.3f} [{i['low']:.3f}, {i['high']:.3f}]"
+
+        chose = ", ".join(f"{k} {100 * v:.0f}%" for k, v in section["choices"].items() if v >= 0.05)
+        worst = max(section["cost_model"], key=lambda c: abs(c["error"]), default=None)
+        error = f"{100 * worst['error']:+.1f}% ({worst['schedule']})" if worst else "-"
+        lines.append(f"| {config['model']}, {results['suite']['name']} ({len(results['complete_prompts'])} prompts) | "
+                     f"{section.get('best_fixed', '-')} | {cell(section['vs_best'])} | "
+                     f"{cell(section['vs_stock']) if 'vs_stock' in section else '-'} | {chose} | {error} |")
+    return "\n".join(lines)
+

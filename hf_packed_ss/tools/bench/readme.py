@@ -19,6 +19,7 @@ from pathlib import Path
 from .report import absolute_table, ratio_table
 
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+AUTO_START, AUTO_END = "<!-- auto-results:start -->", "<!-- auto-results:end -->"  # `--auto`: the auto figures
 
 
 def probe_lines(probe: dict) -> list[str]:
@@ -69,6 +70,26 @@ def batched_section(results: dict) -> str:
                       results["command"], "```", "", report(results), ""])
 
 
+def replace_block(readme: Path, start: str, end: str, body: str, heading: str) -> None:
+    """Put `body` between the markers (appended under `heading` the first time)."""
+    text = readme.read_text()
+    block = f"{start}\n{body}\n{end}"
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n" + block + "\n"
+    readme.write_text(text)
+
+
+def update_auto(readme: Path, files: list[Path]) -> None:
+    """The auto figures: one row per results file with an `auto` section, then the command of each."""
+    from .auto import table
+
+    commands = [json.loads(Path(f).read_text()).get("command", "hf-packed-ss bench") for f in files]
+    body = "\n".join([table([str(f) for f in files]), "", "```bash", *commands, "```"])
+    replace_block(readme, AUTO_START, AUTO_END, body, "### Auto figures")
+
+
 def update(readme: Path, files: list[Path]) -> None:
     def probe(f: Path) -> dict | None:
         beside = Path(f).with_name("probe.json")
@@ -78,22 +99,16 @@ def update(readme: Path, files: list[Path]) -> None:
         results = json.loads(Path(f).read_text())
         return batched_section(results) if Path(f).name == "batched.json" else section(results, probe(f))
 
-    body = "\n".join(render(f) for f in files)
-    text = readme.read_text()
-    block = f"{START}\n{body}\n{END}"
-    if START in text and END in text:
-        text = text[: text.index(START)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n## Results\n\n" + block + "\n"
-    readme.write_text(text)
+    replace_block(readme, START, END, "\n".join(render(f) for f in files), "## Results")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_packed_ss.bench.readme", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument("--auto", action="store_true", help="the auto figures block (results of benches with auto)")
     args = parser.parse_args(argv)
-    update(args.readme, args.results)
+    (update_auto if args.auto else update)(args.readme, args.results)
     return 0
 
 
