@@ -33,6 +33,7 @@ from .state import DecoderState
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
 STRENGTH = 1.0  # pseudo-observations of that prior
 FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
+FADE = 0.995  # and each verification all of them a little (evidence nothing refreshes returns to the prior)
 DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
 FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
@@ -58,7 +59,9 @@ class AcceptanceProfile:
             grow = top - len(self.tried)
             self.tried += [0.0] * grow
             self.accepted += [0.0] * grow
-        for i, k in enumerate(range(first, top)):
+        self.tried = [FADE * t for t in self.tried]  # every offset fades slowly, also those this draft never
+        self.accepted = [FADE * a for a in self.accepted]  # reached: a width once judged on a few draws is tried again
+        for i, k in enumerate(range(first, top)):  # and each offset tried forgets faster (follows the prompt)
             self.tried[k] = FORGET * self.tried[k] + 1
             self.accepted[k] = FORGET * self.accepted[k] + (i < h)
 
@@ -144,7 +147,9 @@ class WidthChooser:
 
     def __init__(self, widths: tuple[int, ...], ar: bool, measured: Measured):
         self.widths, self.ar, self.measured = tuple(sorted(widths)), ar, measured
-        self.arms = ((0,) if ar else ()) + self.widths
+        # W = 1 drafts nothing it can use (its one drafted position is the one its call verifies): with AR allowed
+        # it is AR with extra rows
+        self.arms = ((0,) if ar else ()) + tuple(w for w in self.widths if w > 1 or not ar or len(self.widths) == 1)
         self.arm: int | None = None
         self.queue: list[int] = []
         self.tic: float | None = None
