@@ -26,7 +26,7 @@ from hf_packed_ss.engine.schedules import AutoSchedule, PackedSSSchedule
 from hf_packed_ss.engine.width import PROBE_FIRST, AcceptanceProfile, Measured, WidthChooser, call_rows, draft_chain
 from hf_packed_ss.front.measured import forget, measured_for
 
-LENGTH = 160
+LENGTH = 320
 
 
 class Frozen(CallCost):

@@ -32,11 +32,13 @@ from .state import DecoderState
 
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
 STRENGTH = 1.0  # pseudo-observations of that prior
-FORGET = 0.95  # each observation at an offset discounts the older ones there (adapts within a decode)
-FADE = 0.995  # and each verification all of them a little (evidence nothing refreshes returns to the prior)
+FORGET = 0.99  # each observation at an offset discounts the older ones there (~100 kept: the rates' noise, not
+FADE = 0.998  # their drift, is what misleads), and each verification all of them a little (evidence nothing
+# refreshes returns to the prior)
 DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
 FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
-MARGIN = 1.03  # switch only to an arm predicted this much faster than the current one
+MARGIN = 1.08  # switch only to an arm predicted this much faster (near the optimum the predictions are flat and
+# noisy: every switch cuts or starves a draft)
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
