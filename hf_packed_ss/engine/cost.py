@@ -14,10 +14,11 @@ probe --cost-model FILE` writes one to a file and `generate(..., cost_model=FILE
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
@@ -75,22 +76,27 @@ class CallCost:
         return self._smooth[kind]
 
     def predict(self, kind: str, rows: int) -> float | None:
-        """Seconds for one iteration whose call has `rows` rows: the smoothed measured cost (`curve`), linear
+        """Seconds for one iteration whose call has `rows` rows (`predict_many` of one)."""
+        seconds = self.predict_many(kind, np.array([rows]))
+        return None if seconds is None else float(seconds[0])
+
+    def predict_many(self, kind: str, rows: np.ndarray) -> np.ndarray | None:
+        """Seconds per iteration for each row count in `rows`: the smoothed measured cost (`curve`), linear
         between the nearest measured row counts, the end segments' slope beyond them (never below half the
         nearest point); None before any call of this kind was measured."""
         xs, ys = self.curve(kind)
         if not xs:
             return None
-        rows = _key(rows)
-        i = bisect_left(xs, rows)
-        if i < len(xs) and xs[i] == rows:
-            return ys[i]
+        x, y = np.asarray(xs, dtype=float), np.asarray(ys)
+        rows = np.where(rows > 64, rows - rows % BUCKET, rows)
         if len(xs) == 1:
-            return ys[0]
-        i = min(max(i, 1), len(xs) - 1)
-        (x0, x1), (y0, y1) = (xs[i - 1], xs[i]), (ys[i - 1], ys[i])
-        value = y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
-        return max(value, 0.5 * (y0 if rows < x0 else y1))
+            return np.full(rows.shape, y[0])
+        at = np.searchsorted(x, rows)
+        exact = (at < len(x)) & (x[np.minimum(at, len(x) - 1)] == rows)
+        i = np.clip(at, 1, len(x) - 1)
+        x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+        value = np.maximum(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 0.5 * np.where(rows < x0, y0, y1))
+        return np.where(exact, y[np.minimum(at, len(x) - 1)], value)
 
     def to_dict(self) -> dict:
         return {kind: {str(r): p for r, p in sorted(table.items())} for kind, table in self.points.items()}

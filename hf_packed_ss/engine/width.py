@@ -36,13 +36,11 @@ FORGET = 0.99  # each observation at an offset discounts the older ones there (~
 FADE = 0.998  # their drift, is what misleads), and each verification all of them a little (evidence nothing
 # refreshes returns to the prior)
 DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
-FULL_EVERY = 4  # every 4th decision weighs every width (one chain each: ~0.5 ms for 16), the others AR and W +- 1
 MARGIN = 1.08  # switch only to an arm predicted this much faster (near the optimum the predictions are flat and
 # noisy: every switch cuts or starves a draft)
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
-QUANTUM = 64  # rates are rounded to 1/64 for the chain (whose solutions are kept)
 
 
 @dataclass
@@ -81,35 +79,48 @@ class AcceptanceProfile:
 def draft_chain(rates: list[float], width: int) -> tuple[np.ndarray, np.ndarray]:
     """Packed-SS at `width` under acceptance `rates`: the stationary law pi over the draft length n a call finds
     (0..W-1) and E[A | n], the tokens that call appends (module docstring)."""
-    w = width
-    move = [[0.0] * w for _ in range(w)]
-    tokens = [0.0] * w
-    for n in range(w):
-        survive, row, first = 1.0, move[n], w - n
-        for h in range(n):
-            r = rates[first + h]
-            p = survive * (1 - r)
-            row[w - 1 - h] += p
-            tokens[n] += p * (h + 1)
-            survive *= r
-        row[w - 1 - n] += survive
-        tokens[n] += survive * (n + 1)
-    # pi = pi move with sum(pi) = 1: the last equation of the singular system replaced by the normalisation
-    system = np.array(move).T - np.eye(w)
-    system[-1] = 1.0
-    rhs = np.zeros(w)
-    rhs[-1] = 1.0
-    try:
-        pi = np.clip(np.linalg.solve(system, rhs), 0.0, None)
-    except np.linalg.LinAlgError:  # a chain that never leaves some state (a rate of exactly 0 or 1)
-        pi = np.linalg.lstsq(system, rhs, rcond=None)[0].clip(0.0, None)
-    return pi / max(pi.sum(), 1e-12), np.array(tokens)
+    pi, tokens = Chains((width,)).solve(rates)
+    return pi[0], tokens[0]
 
 
-@lru_cache(maxsize=4096)
-def _solved(width: int, rates: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """`draft_chain` at rates rounded to 1/QUANTUM: rates move slowly, so most decisions find their chains solved."""
-    return draft_chain([0.5, *(r / QUANTUM for r in rates)], width)
+class Chains:
+    """The draft chains of several widths at once, for one set of rates: one padded batch (states n >= W of a
+    narrower chain lead to n = 0 and are never entered, so they hold no mass), one batched solve. Only the rates
+    change between decisions; the index arrays are built once."""
+
+    def __init__(self, widths: tuple[int, ...]):
+        self.widths, top = widths, max(widths)
+        k, n, h = np.meshgrid(np.arange(len(widths)), np.arange(top), np.arange(top), indexing="ij")
+        w = np.asarray(widths)[k]
+        valid = (n < w) & (h <= n)
+        self.k, self.n, self.h, w = k[valid], n[valid], h[valid], w[valid]
+        self.first = w - self.n  # the offset of the draft's first token from its drafter's prefix
+        self.to = w - 1 - self.h  # the draft the next call finds after h accepted
+        self.stopped = self.h < self.n  # a token at offset first + h was rejected (else the whole draft survived)
+        pk, pn = np.nonzero(np.arange(top)[None, :] >= np.asarray(widths)[:, None])
+        self.padding = pk, pn
+        self.shape = (len(widths), top)
+
+    def solve(self, rates: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """(pi, E[A | n]), each of shape (widths, max width); r_k = rates[k] for k >= 1."""
+        count, top = self.shape
+        r = np.clip(np.asarray(rates[:top], dtype=float), 1e-12, 1 - 1e-12)
+        r = np.concatenate([r, np.full(top + 1 - len(r), r[-1])])
+        logs = np.concatenate([[0.0], np.cumsum(np.log(r[1:]))])  # logs[j] = sum of log r_1..r_j
+        survive = np.exp(logs[self.first + self.h - 1] - logs[self.first - 1])  # r_first ... r_(first+h-1)
+        p = survive * np.where(self.stopped, 1 - r[np.minimum(self.first + self.h, top)], 1.0)
+        move = np.zeros((count, top, top))
+        move[self.k, self.n, self.to] = p
+        move[self.padding[0], self.padding[1], 0] = 1.0
+        tokens = np.zeros(self.shape)
+        np.add.at(tokens, (self.k, self.n), p * (self.h + 1))
+        # pi = pi move with sum(pi) = 1: the last equation of each singular system replaced by the normalisation
+        system = move.transpose(0, 2, 1) - np.eye(top)
+        system[:, -1] = 1.0
+        rhs = np.zeros((count, top, 1))
+        rhs[:, -1] = 1.0
+        pi = np.linalg.solve(system, rhs)[..., 0].clip(0.0, None)
+        return pi / pi.sum(axis=1, keepdims=True).clip(1e-12, None), tokens
 
 
 _ROWS: dict[tuple, tuple[int, tuple[int, ...]]] = {}
@@ -144,6 +155,11 @@ class Measured:
     undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
 
 
+@lru_cache(maxsize=64)
+def chains_for(widths: tuple[int, ...]) -> Chains:
+    return Chains(widths)
+
+
 class WidthChooser:
     """Picks the arm of every call: 0 for AR, else a Packed-SS width from `widths`."""
 
@@ -152,18 +168,22 @@ class WidthChooser:
         # W = 1 drafts nothing it can use (its one drafted position is the one its call verifies): with AR allowed
         # it is AR with extra rows
         self.arms = ((0,) if ar else ()) + tuple(w for w in self.widths if w > 1 or not ar or len(self.widths) == 1)
+        self.drafting = tuple(a for a in self.arms if a)
+        self.chains = chains_for(self.drafting) if self.drafting else None
         self.arm: int | None = None
         self.queue: list[int] = []
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
-        self.decisions, self.full = 0, True  # decisions made; whether the next weighs every width
         self.every = DECIDE_EVERY  # calls between decisions now
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
         self.layout = layout
-        self.arm, self.tic, self.since, self.decisions, self.full = None, None, 0, 0, True
-        self.every = DECIDE_EVERY
+        self.arm, self.tic, self.since, self.every = None, None, 0, DECIDE_EVERY
+        # rows of each drafting arm's call by the draft it finds (padded past W, where the chain holds no mass)
+        self.draft_rows = np.ones((len(self.drafting), max(self.drafting, default=1)), dtype=np.int64)
+        for i, w in enumerate(self.drafting):
+            self.draft_rows[i, :w] = self.rows(w)[1]
         self.queue = self.exploration()
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
@@ -181,24 +201,15 @@ class WidthChooser:
             plan += [0] * 3
         return plan
 
-    def throughput(self, arm: int, rates: list[float]) -> float | None:
-        """Predicted tokens per second of `arm` (None if its cost is not known yet)."""
-        cost = self.measured.cost
-        if arm == 0:
-            seconds = cost.predict(VERIFY, self.rows(0)[0])
-            return None if not seconds else 1.0 / seconds
-        pi, tokens = _solved(arm, tuple(round(r * QUANTUM) for r in rates[1:arm]))
-        seconds = [cost.predict(DRAFT, n) for n in self.rows(arm)[1]]
-        if any(s is None for s in seconds):
-            return None
-        return float(pi @ tokens) / max(float(pi @ np.array(seconds)), 1e-12)
-
-    def best(self, near: int | None = None) -> tuple[int, dict[int, float]]:
-        """The arm predicted fastest and every prediction made; `near`: only AR and the widths next to it (a
-        cheap decision between two full ones)."""
-        rates = self.measured.profile.rates(self.widths[-1])
-        arms = self.arms if near is None else [a for a in self.arms if a == 0 or abs(a - near) <= 1]
-        predicted = {arm: t for arm in arms if (t := self.throughput(arm, rates)) is not None}
+    def best(self) -> tuple[int, dict[int, float]]:
+        """The arm predicted fastest and the predicted tokens per second of every arm whose cost is known."""
+        cost, predicted = self.measured.cost, {}
+        if self.ar and (seconds := cost.predict(VERIFY, self.rows(0)[0])):
+            predicted[0] = 1.0 / seconds
+        if self.chains is not None and (seconds := cost.predict_many(DRAFT, self.draft_rows)) is not None:
+            pi, tokens = self.chains.solve(self.measured.profile.rates(self.drafting[-1]))
+            rate = (pi * tokens).sum(axis=1) / (pi * seconds).sum(axis=1).clip(1e-12, None)
+            predicted |= {w: float(t) for w, t in zip(self.drafting, rate, strict=True)}
         if not predicted:  # nothing measured yet for these arms (a cost file without them): the widest first
             return self.widths[-1] if self.widths else 0, predicted
         return max(predicted, key=predicted.get), predicted
@@ -217,7 +228,7 @@ class WidthChooser:
             self.measured.undrafted += 1           # by the call that drafts it): nothing to learn from
         if self.queue:
             self.arm = self.queue.pop(0)
-            self.since, self.full, self.every = DECIDE_MOST, True, DECIDE_EVERY  # weigh what it measured at once
+            self.since, self.every = DECIDE_MOST, DECIDE_EVERY  # weigh what it measured at once
         elif self.arm is None or self.since >= self.every:
             arm = self.decide()
             self.every = min(2 * self.every, DECIDE_MOST) if arm == self.arm else DECIDE_EVERY
@@ -227,10 +238,7 @@ class WidthChooser:
 
     def decide(self) -> int:
         self.since = 0
-        self.decisions += 1
-        local = not self.full and self.decisions % FULL_EVERY and self.arm in self.arms
-        self.full = False
-        best, predicted = self.best(near=self.arm if local else None)
+        best, predicted = self.best()
         current = self.arm
         if current in predicted and predicted[best] < MARGIN * predicted[current]:
             best = current
@@ -238,7 +246,6 @@ class WidthChooser:
         if best < 2 and drafting and self.measured.undrafted >= self.measured.probe_every:
             # calls without drafts have won for a while: check a draft at the best width that drafts, less often
             # each time they still win
-            predicted = self.best()[1] if local else predicted
             width = max(drafting, key=lambda w: predicted.get(w, 0.0))
             clear = predicted.get(best, 0.0) > CLEAR * predicted.get(width, 0.0)  # AR far ahead: check less often
             self.measured.probe_every = min((4 if clear else 2) * self.measured.probe_every, PROBE_MOST)
