@@ -23,11 +23,11 @@ import numpy as np
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
 RECENT = 9  # a row count's cost is the median of its last RECENT calls
-BUCKET = 16  # row counts past 64 (prompt calls) share a point per 16 rows
+EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 
 
 def _key(rows: int) -> int:
-    return rows if rows <= 64 else rows - rows % BUCKET
+    return rows if rows <= EXACT else rows - rows % BUCKET
 
 
 @dataclass
@@ -88,7 +88,7 @@ class CallCost:
         if not xs:
             return None
         x, y = np.asarray(xs, dtype=float), np.asarray(ys)
-        rows = np.where(rows > 64, rows - rows % BUCKET, rows)
+        rows = np.where(rows > EXACT, rows - rows % BUCKET, rows)  # `_key` of each
         if len(xs) == 1:
             return np.full(rows.shape, y[0])
         at = np.searchsorted(x, rows)

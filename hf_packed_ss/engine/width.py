@@ -89,7 +89,7 @@ class Chains:
     change between decisions; the index arrays are built once."""
 
     def __init__(self, widths: tuple[int, ...]):
-        self.widths, top = widths, max(widths)
+        top = max(widths)
         k, n, h = np.meshgrid(np.arange(len(widths)), np.arange(top), np.arange(top), indexing="ij")
         w = np.asarray(widths)[k]
         valid = (n < w) & (h <= n)
