@@ -233,6 +233,8 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     assert cost.predict(DRAFT, 8) == pytest.approx(3.0)  # linear between 4 and 12 rows
     assert cost.predict(DRAFT, 16) == pytest.approx(5.0)  # the last segment's slope beyond
     assert cost.predict(DRAFT, 1) == pytest.approx(1.25)  # and before, never below half the nearest point
+    rows = np.array([1, 2, 4, 5, 8, 12, 13, 40, 64, 65, 80, 200])  # the scalar path is the batched one
+    assert cost.predict_many(DRAFT, rows).tolist() == pytest.approx([cost.predict(DRAFT, int(r)) for r in rows])
     for _ in range(4):
         cost.observe(DRAFT, 4, 2.0)
     for _ in range(3):
@@ -241,6 +243,7 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     cost.observe(DRAFT, 8, 1.0)
     cost.observe(DRAFT, 8, 1.0)  # cheaper than 4 rows: noise, pooled with its neighbour (non-decreasing)
     assert cost.predict(DRAFT, 4) == cost.predict(DRAFT, 8) < 2.0 < cost.predict(DRAFT, 12)
+    assert cost.predict_many(DRAFT, rows).tolist() == pytest.approx([cost.predict(DRAFT, int(r)) for r in rows])
     path = tmp_path / "cost.json"
     cost.save(path, key=("model", "cpu"))
     assert CallCost.load(path).points == cost.points

@@ -13,6 +13,8 @@ probe --cost-model FILE` writes one to a file and `generate(..., cost_model=FILE
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one w
 KINDS = (VERIFY, DRAFT)
 RECENT = 9  # a row count's cost is the median of its last RECENT calls
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
+_STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
 
 def _key(rows: int) -> int:
@@ -38,7 +41,7 @@ class CallCost:
 
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
-    _smooth: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict, repr=False)
+    _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
         """One timed iteration. The first call of a row count in the process is not kept: it builds that
@@ -62,6 +65,13 @@ class CallCost:
     def curve(self, kind: str) -> tuple[list[int], list[float]]:
         """The measured row counts and their cost made non-decreasing in rows (pool-adjacent-violators, weighted
         by calls): noise between neighbouring row counts is averaged out instead of ranking widths."""
+        return self._smoothed(kind)[:2]
+
+    def stamp(self, kind: str) -> int:
+        """A number that changes whenever `kind`'s curve does: what is computed from the curve can be kept."""
+        return self._smoothed(kind)[2]
+
+    def _smoothed(self, kind: str) -> tuple:
         if kind not in self._smooth:
             xs = sorted(self.points[kind])
             blocks: list[list[float]] = []  # [weighted sum, weight, points]
@@ -72,31 +82,42 @@ class CallCost:
                     last = blocks.pop()
                     blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
             ys = [b[0] / b[1] for b in blocks for _ in range(int(b[2]))]
-            self._smooth[kind] = xs, ys
+            self._smooth[kind] = xs, ys, next(_STAMPS)
         return self._smooth[kind]
 
     def predict(self, kind: str, rows: int) -> float | None:
-        """Seconds for one iteration whose call has `rows` rows (`predict_many` of one)."""
-        seconds = self.predict_many(kind, np.array([rows]))
-        return None if seconds is None else float(seconds[0])
+        """Seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python (it runs
+        between two model calls, where a few numpy calls on cold caches cost more than the arithmetic)."""
+        xs, ys, _ = self._smoothed(kind)
+        if not xs:
+            return None
+        rows = _key(rows)
+        i = bisect.bisect_left(xs, rows)
+        if len(xs) == 1 or (i < len(xs) and xs[i] == rows):
+            return ys[min(i, len(xs) - 1)]
+        if 0 < i < len(xs):
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+        end, near = (0, 1) if i == 0 else (-1, -2)
+        slope = (ys[end] - ys[near]) / (xs[end] - xs[near])
+        return max(ys[end] + slope * (rows - xs[end]), 0.5 * ys[end])
 
     def predict_many(self, kind: str, rows: np.ndarray) -> np.ndarray | None:
         """Seconds per iteration for each row count in `rows`: the smoothed measured cost (`curve`), linear
         between the nearest measured row counts, the end segments' slope beyond them (never below half the
         nearest point); None before any call of this kind was measured."""
-        xs, ys = self.curve(kind)
+        xs, ys, _ = self._smoothed(kind)
         if not xs:
             return None
         x, y = np.asarray(xs, dtype=float), np.asarray(ys)
         rows = np.where(rows > EXACT, rows - rows % BUCKET, rows)  # `_key` of each
         if len(xs) == 1:
             return np.full(rows.shape, y[0])
-        at = np.searchsorted(x, rows)
-        exact = (at < len(x)) & (x[np.minimum(at, len(x) - 1)] == rows)
-        i = np.clip(at, 1, len(x) - 1)
-        x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-        value = np.maximum(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 0.5 * np.where(rows < x0, y0, y1))
-        return np.where(exact, y[np.minimum(at, len(x) - 1)], value)
+        value = np.interp(rows, x, y)
+        for out, end, near in ((rows < x[0], 0, 1), (rows > x[-1], -1, -2)):  # beyond the measured rows
+            if out.any():
+                slope = (y[end] - y[near]) / (x[end] - x[near])
+                value[out] = np.maximum(y[end] + slope * (rows[out] - x[end]), 0.5 * y[end])
+        return value
 
     def to_dict(self) -> dict:
         return {kind: {str(r): p for r, p in sorted(table.items())} for kind, table in self.points.items()}

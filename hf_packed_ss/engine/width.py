@@ -18,6 +18,7 @@ with rows(W, n) read from the decode's own layout. The chooser plays the best ar
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -41,6 +42,7 @@ MARGIN = 1.08  # switch only to an arm predicted this much faster (near the opti
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
+_VERSIONS = itertools.count()  # acceptance profile versions
 
 
 @dataclass
@@ -49,10 +51,13 @@ class AcceptanceProfile:
 
     tried: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    # changes with every observation (unique in the process): what is computed from the rates is kept until then
+    version: int = field(default_factory=lambda: next(_VERSIONS))
 
     def observe(self, first: int, drafted: int, h: int) -> None:
         """A verification of `drafted` tokens whose first sits `first` positions past the drafter's prefix
         accepted `h`: offsets first..first+h-1 survived, offset first+h (if drafted) did not."""
+        self.version = next(_VERSIONS)
         seen = min(h + 1, drafted)
         top = first + seen
         if len(self.tried) < top:
@@ -100,6 +105,7 @@ class Chains:
         pk, pn = np.nonzero(np.arange(top)[None, :] >= np.asarray(widths)[:, None])
         self.padding = pk, pn
         self.shape = (len(widths), top)
+        self.state = self.k * top + self.n  # the flat index of (width, n): where each term's tokens add up
 
     def solve(self, rates: list[float]) -> tuple[np.ndarray, np.ndarray]:
         """(pi, E[A | n]), each of shape (widths, max width); r_k = rates[k] for k >= 1."""
@@ -112,8 +118,7 @@ class Chains:
         move = np.zeros((count, top, top))
         move[self.k, self.n, self.to] = p
         move[self.padding[0], self.padding[1], 0] = 1.0
-        tokens = np.zeros(self.shape)
-        np.add.at(tokens, (self.k, self.n), p * (self.h + 1))
+        tokens = np.bincount(self.state, p * (self.h + 1), count * top).reshape(self.shape)
         # pi = pi move with sum(pi) = 1: the last equation of each singular system replaced by the normalisation
         system = move.transpose(0, 2, 1) - np.eye(top)
         system[:, -1] = 1.0
@@ -153,6 +158,9 @@ class Measured:
     profile: AcceptanceProfile = field(default_factory=AcceptanceProfile)
     probe_every: int = PROBE_FIRST
     undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
+    # the drafting arms' predicted rates by (arms, their rows): with the profile version and draft cost stamp
+    # they were computed for, kept across decodes (while AR plays neither changes)
+    kept: dict = field(default_factory=dict, repr=False)
 
 
 @lru_cache(maxsize=64)
@@ -185,6 +193,7 @@ class WidthChooser:
         for i, w in enumerate(self.drafting):
             self.draft_rows[i, :w] = self.rows(w)[1]
         self.queue = self.exploration()
+        self.arms_key = self.drafting, self.draft_rows.tobytes()  # where `Measured.kept` holds these arms' rates
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
         return call_rows(self.layout, max(width, 1))
@@ -206,13 +215,25 @@ class WidthChooser:
         cost, predicted = self.measured.cost, {}
         if self.ar and (seconds := cost.predict(VERIFY, self.rows(0)[0])):
             predicted[0] = 1.0 / seconds
-        if self.chains is not None and (seconds := cost.predict_many(DRAFT, self.draft_rows)) is not None:
-            pi, tokens = self.chains.solve(self.measured.profile.rates(self.drafting[-1]))
-            rate = (pi * tokens).sum(axis=1) / (pi * seconds).sum(axis=1).clip(1e-12, None)
-            predicted |= {w: float(t) for w, t in zip(self.drafting, rate, strict=True)}
+        predicted |= self.drafting_rates()
         if not predicted:  # nothing measured yet for these arms (a cost file without them): the widest first
             return self.widths[-1] if self.widths else 0, predicted
         return max(predicted, key=predicted.get), predicted
+
+    def drafting_rates(self) -> dict[int, float]:
+        """Predicted tokens per second of every drafting arm, recomputed only when the acceptance profile or the
+        drafting calls' cost changed (while AR plays, neither does)."""
+        cost, profile = self.measured.cost, self.measured.profile
+        if self.chains is None or not cost.points[DRAFT]:
+            return {}
+        key = profile.version, cost.stamp(DRAFT)
+        kept = self.measured.kept.get(self.arms_key)
+        if kept is None or kept[0] != key:
+            seconds = cost.predict_many(DRAFT, self.draft_rows)
+            pi, tokens = self.chains.solve(profile.rates(self.drafting[-1]))
+            rate = (pi * tokens).sum(axis=1) / (pi * seconds).sum(axis=1).clip(1e-12, None)
+            kept = self.measured.kept[self.arms_key] = key, dict(zip(self.drafting, rate.tolist(), strict=True))
+        return kept[1]
 
     def observe(self, first: int, drafted: int, h: int) -> None:
         self.measured.profile.observe(first, drafted, h)
