@@ -94,18 +94,31 @@ class Chains:
     change between decisions; the index arrays are built once."""
 
     def __init__(self, widths: tuple[int, ...]):
-        top = max(widths)
-        k, n, h = np.meshgrid(np.arange(len(widths)), np.arange(top), np.arange(top), indexing="ij")
+        top, count = max(widths), len(widths)
+        k, n, h = np.meshgrid(np.arange(count), np.arange(top), np.arange(top), indexing="ij")
         w = np.asarray(widths)[k]
         valid = (n < w) & (h <= n)
-        self.k, self.n, self.h, w = k[valid], n[valid], h[valid], w[valid]
-        self.first = w - self.n  # the offset of the draft's first token from its drafter's prefix
-        self.to = w - 1 - self.h  # the draft the next call finds after h accepted
-        self.stopped = self.h < self.n  # a token at offset first + h was rejected (else the whole draft survived)
+        k, n, h, w = k[valid], n[valid], h[valid], w[valid]
+        first = w - n  # the offset of the draft's first token from its drafter's prefix
+        to = w - 1 - h  # the draft the next call finds after h accepted
+        # the term (width, n, h) has probability r_first ... r_(first+h-1) (1 - r_(first+h) if h < n: that token
+        # was rejected; else the whole draft survived): exp(logs[upto] - logs[before]) (1 - stopped r[next])
+        self.upto, self.before, self.next = first + h - 1, first - 1, np.minimum(first + h, top)
+        self.stopped = (h < n).astype(float)
+        self.tokens = (h + 1).astype(float)
+        self.state = k * top + n  # the flat index of (width, n): where each term's tokens add up
+        self.cell = (k * top + to) * top + n  # where its probability enters pi = pi move, as (move^T - I) pi = 0
+        # that system without the terms: -I, and the padding states n >= W of a narrower chain lead to n = 0; its
+        # last equation is replaced by the normalisation sum(pi) = 1
+        self.system = np.tile(-np.eye(top), (count, 1, 1))
         pk, pn = np.nonzero(np.arange(top)[None, :] >= np.asarray(widths)[:, None])
-        self.padding = pk, pn
-        self.shape = (len(widths), top)
-        self.state = self.k * top + self.n  # the flat index of (width, n): where each term's tokens add up
+        self.system[pk, 0, pn] = 1.0
+        self.last = (self.cell // top) % top == top - 1  # terms in the replaced equation: left out
+        self.cell, self.terms = self.cell[~self.last], ~self.last
+        self.system[:, -1] = 1.0
+        self.rhs = np.zeros((count, top, 1))
+        self.rhs[:, -1] = 1.0
+        self.shape = (count, top)
 
     def solve(self, rates: list[float]) -> tuple[np.ndarray, np.ndarray]:
         """(pi, E[A | n]), each of shape (widths, max width); r_k = rates[k] for k >= 1."""
@@ -113,18 +126,11 @@ class Chains:
         r = np.clip(np.asarray(rates[:top], dtype=float), 1e-12, 1 - 1e-12)
         r = np.concatenate([r, np.full(top + 1 - len(r), r[-1])])
         logs = np.concatenate([[0.0], np.cumsum(np.log(r[1:]))])  # logs[j] = sum of log r_1..r_j
-        survive = np.exp(logs[self.first + self.h - 1] - logs[self.first - 1])  # r_first ... r_(first+h-1)
-        p = survive * np.where(self.stopped, 1 - r[np.minimum(self.first + self.h, top)], 1.0)
-        move = np.zeros((count, top, top))
-        move[self.k, self.n, self.to] = p
-        move[self.padding[0], self.padding[1], 0] = 1.0
-        tokens = np.bincount(self.state, p * (self.h + 1), count * top).reshape(self.shape)
-        # pi = pi move with sum(pi) = 1: the last equation of each singular system replaced by the normalisation
-        system = move.transpose(0, 2, 1) - np.eye(top)
-        system[:, -1] = 1.0
-        rhs = np.zeros((count, top, 1))
-        rhs[:, -1] = 1.0
-        pi = np.linalg.solve(system, rhs)[..., 0].clip(0.0, None)
+        p = np.exp(logs[self.upto] - logs[self.before]) * (1.0 - self.stopped * r[self.next])
+        tokens = np.bincount(self.state, p * self.tokens, count * top).reshape(self.shape)
+        system = self.system.copy()
+        system.reshape(-1)[self.cell] += p[self.terms]  # one term per cell
+        pi = np.linalg.solve(system, self.rhs)[..., 0].clip(0.0, None)
         return pi / pi.sum(axis=1, keepdims=True).clip(1e-12, None), tokens
 
 
