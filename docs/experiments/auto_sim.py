@@ -7,8 +7,9 @@ fixed table of milliseconds by rows. Throughput = tokens / virtual time for AR, 
         --configs "" "MARGIN=1.03" "FADE=1.0"
 
 `--noise` adds Gaussian relative noise and 3% of calls at twice the cost to what the chooser observes (never to
-the throughput it is judged by); `--configs` overrides `engine.width` constants, one decode set per config and
-seed. Research tool, not a benchmark: speed claims come from `hf-packed-ss bench`.
+the throughput it is judged by), `--drift` a machine speed that changes now and then; `--configs` overrides
+`engine.width` constants (`cost.NAME` those of `engine.cost`), one decode set per config and seed.
+Research tool, not a benchmark: speed claims come from `hf-packed-ss bench`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from hf_packed_ss.cli import load_model
+from hf_packed_ss.engine import cost as cost_module
 from hf_packed_ss.engine import width
 from hf_packed_ss.front.measured import forget
 from hf_packed_ss.tools.bench.command import encode
@@ -57,6 +59,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--widths", default="2,3,4,5,6,8,10,15")
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="the machine's speed drifts: every ~200 calls (exponential) the observed times are scaled "
+                        "by a new factor exp(N(0, drift)) (all row counts alike)")
     p.add_argument("--configs", nargs="*", default=[""])
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -65,11 +70,15 @@ def main() -> None:
     width.time = clock
     original = width.WidthChooser.choose
 
+    speed = [1.0]
+
     def choose(self, last_rows):
         if self.tic is not None and last_rows is not None:
             seconds = cost(ar_table if self.arm == 0 else draft_table, last_rows) * 1e-3
             spike = 2.0 if args.noise and rng.random() < 0.03 else 1.0
-            clock.now += seconds * spike * (1 + args.noise * rng.gauss(0, 1))
+            if args.drift and rng.random() < 1 / 200:
+                speed[0] = float(np.exp(rng.gauss(0, args.drift)))
+            clock.now += seconds * spike * speed[0] * (1 + args.noise * rng.gauss(0, 1))
         return original(self, last_rows)
 
     width.WidthChooser.choose = choose
@@ -95,11 +104,14 @@ def main() -> None:
         saved = {}
         for item in filter(None, config.split(",")):
             name, value = item.split("=")
-            saved[name] = getattr(width, name)
-            setattr(width, name, type(saved[name])(float(value)))
+            module = cost_module if name.startswith("cost.") else width
+            name = name.removeprefix("cost.")
+            saved[module, name] = getattr(module, name)
+            setattr(module, name, type(saved[module, name])(float(value)))
         scores = []
         for seed in range(args.seeds):
             rng.seed(seed)
+            speed[0] = 1.0
             forget()
             model.generate(inputs[0], max_new_tokens=128, assistant_mode="auto")  # the bench's warm-up
             throughput, chosen = run(assistant_mode="auto")
@@ -108,8 +120,8 @@ def main() -> None:
             print(f"{config or 'as shipped'} seed {seed}: auto/best {scores[-1]:.4f}, chose",
                   dict(zip(arms.tolist(), (counts / counts.sum()).round(2).tolist(), strict=True)), flush=True)
         print(f"{config or 'as shipped'}: mean {np.mean(scores):.4f}, worst {min(scores):.4f}")
-        for name, value in saved.items():
-            setattr(width, name, value)
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
 
 
 if __name__ == "__main__":
