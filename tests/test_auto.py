@@ -279,6 +279,33 @@ def test_the_chooser_follows_cost_and_acceptance():
     assert measured.probe_every in (2 * PROBE_FIRST, 4 * PROBE_FIRST)  # AR still won: the next check comes later
 
 
+def test_the_chain_is_calibrated_by_what_the_calls_appended():
+    """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE."""
+    from hf_packed_ss.engine.width import CALIBRATE_CALLS, SLOPE
+
+    measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    expected = np.linspace(1.2, 2.6, len(chooser.drafting))  # the chain's tokens per call at W = 2..8
+    for _ in range(CALIBRATE_CALLS - 5):
+        chooser.tally(4, 1)
+    assert chooser.calibration(expected).tolist() == [1.0] * 7  # too few calls to say anything
+    for _ in range(200):
+        chooser.tally(4, 1)
+    at4 = expected[chooser.drafting.index(4)]
+    assert chooser.calibration(expected) == pytest.approx(np.full(7, 1 / at4))  # one width: one factor
+    for _ in range(200):
+        chooser.tally(8, 1)  # as few tokens at 8: far below the chain there
+    c = chooser.calibration(expected)
+    assert c[chooser.drafting.index(4)] > c[chooser.drafting.index(8)]
+    assert np.diff(np.log(c)) == pytest.approx(np.full(6, -SLOPE))  # the fit is steeper: clipped
+    before = chooser.best()[1]
+    for _ in range(30):
+        measured.profile.observe(1, 8, 8)  # the drafts look perfect, yet the calls appended one token each
+    predicted = chooser.best()[1]
+    assert predicted[8] < 1.5 * predicted[0] and predicted[8] != before[8]
+
+
 def test_a_cold_chooser_measures_a_spread_of_widths_first():
     chooser = WidthChooser(tuple(range(1, 16)), True, Measured())
     chooser.start(ShiftedBlockLayout(0))

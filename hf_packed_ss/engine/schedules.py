@@ -337,6 +337,8 @@ class AutoSchedule(PackedSSSchedule):
             self.started = True
             return self.verify(plan, result)
         verdict = super().advance(plan, result)
+        if self.arm >= 2:
+            self.chooser.tally(self.arm, verdict.h + 1)
         if plan.available and self.base is not None:
             self.chooser.observe(plan.position(0) - self.base, plan.available, verdict.h)
         self.base = plan.position(0)

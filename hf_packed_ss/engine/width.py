@@ -11,7 +11,9 @@ leaves the next call a draft of n' = W - 1 - h tokens. That chain over n has a s
 
     throughput(W) = sum_n pi_n E[A | n] / sum_n pi_n cost(rows(W, n)),    throughput(AR) = 1 / cost(rows(AR)),
 
-with rows(W, n) read from the decode's own layout. The chooser plays the best arm, measures what it has not
+with rows(W, n) read from the decode's own layout. Acceptance is correlated from call to call, which the chain
+ignores: it over-predicts, the more the wider the draft, so E[A] is calibrated by what the calls at each width
+really appended (`WidthChooser.calibration`). The chooser plays the best arm, measures what it has not
 (the first calls of a process time a spread of widths), and while AR wins it checks a draft now and then.
 """
 
@@ -43,6 +45,10 @@ PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (dou
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
 _VERSIONS = itertools.count()  # acceptance profile versions
+# the chain's tokens per call are calibrated by what calls appended: at a width with CALIBRATE_CALLS (discounted by
+# CALIBRATE_FORGET per call there); between widths log c(W) is linear, falling at most SLOPE per width (acceptance
+# is correlated from call to call, which the chain ignores: it over-predicts, more the wider the draft)
+CALIBRATE_CALLS, CALIBRATE_FORGET, SLOPE = 20, 0.995, 0.02
 
 
 @dataclass
@@ -167,6 +173,8 @@ class Measured:
     # the drafting arms' predicted rates by (arms, their rows): with the profile version and draft cost stamp
     # they were computed for, kept across decodes (while AR plays neither changes)
     kept: dict = field(default_factory=dict, repr=False)
+    # tokens appended by the calls at each width: width -> [discounted tokens, discounted calls]
+    appended: dict = field(default_factory=dict, repr=False)
 
 
 @lru_cache(maxsize=64)
@@ -237,9 +245,35 @@ class WidthChooser:
         if kept is None or kept[0] != key:
             seconds = cost.predict_many(DRAFT, self.draft_rows)
             pi, tokens = self.chains.solve(profile.rates(self.drafting[-1]))
-            rate = (pi * tokens).sum(axis=1) / (pi * seconds).sum(axis=1).clip(1e-12, None)
+            expected = (pi * tokens).sum(axis=1)
+            expected = expected * self.calibration(expected)
+            rate = expected / (pi * seconds).sum(axis=1).clip(1e-12, None)
             kept = self.measured.kept[self.arms_key] = key, dict(zip(self.drafting, rate.tolist(), strict=True))
         return kept[1]
+
+    def calibration(self, expected: np.ndarray) -> np.ndarray:
+        """c(W) per drafting arm: the chain's tokens per call times c(W) is what the calls at W appended, where
+        enough were made; log c is fitted linear in W over those widths (constant with one), weighted by calls."""
+        index = {w: i for i, w in enumerate(self.drafting)}
+        ws, logs, weights = [], [], []
+        for w, (tokens, calls) in self.measured.appended.items():
+            if w in index and calls >= CALIBRATE_CALLS:
+                ws.append(w)
+                logs.append(np.log(tokens / calls / expected[index[w]]))
+                weights.append(calls)
+        if not ws:
+            return np.ones_like(expected)
+        x, y, v = np.asarray(ws, dtype=float), np.asarray(logs), np.asarray(weights)
+        mean_x, mean_y = (v * x).sum() / v.sum(), (v * y).sum() / v.sum()
+        spread = (v * (x - mean_x) ** 2).sum()
+        slope = (v * (x - mean_x) * (y - mean_y)).sum() / spread if len(ws) > 1 and spread > 0 else 0.0
+        return np.exp(mean_y + np.clip(slope, -SLOPE, 0.0) * (np.asarray(self.drafting) - mean_x))
+
+    def tally(self, arm: int, tokens: int) -> None:
+        """A call at width `arm` appended `tokens`."""
+        kept = self.measured.appended.setdefault(arm, [0.0, 0.0])
+        kept[0] = CALIBRATE_FORGET * kept[0] + tokens
+        kept[1] = CALIBRATE_FORGET * kept[1] + 1
 
     def observe(self, first: int, drafted: int, h: int) -> None:
         self.measured.profile.observe(first, drafted, h)
