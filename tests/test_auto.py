@@ -279,6 +279,19 @@ def test_the_chooser_follows_cost_and_acceptance():
     assert measured.probe_every in (2 * PROBE_FIRST, 4 * PROBE_FIRST)  # AR still won: the next check comes later
 
 
+def test_a_drafting_call_is_never_predicted_cheaper_than_an_ar_call():
+    """Noise can make the measured drafting calls look cheaper than AR ones; the work they do cannot be."""
+    measured = Measured(cost=frozen(ar=1.0, draft=0.5))
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    for _ in range(100):
+        for first in range(1, 8):
+            measured.profile.observe(first, 8 - first, 0)  # no draft token survives
+    predicted = chooser.best()[1]
+    assert all(chooser.drafting_rates()[w][0] > 1.5 * predicted[0] for w in chooser.drafting)  # the cost alone
+    assert max(predicted.values()) < 1.02 * predicted[0]  # bounded by the tokens per call (~1) over AR's cost
+
+
 def test_the_chain_is_calibrated_by_what_the_calls_appended():
     """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE."""
     from hf_packed_ss.engine.width import CALIBRATE_CALLS, SLOPE

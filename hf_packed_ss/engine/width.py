@@ -175,6 +175,7 @@ class Measured:
     kept: dict = field(default_factory=dict, repr=False)
     # tokens appended by the calls at each width: width -> [discounted tokens, discounted calls]
     appended: dict = field(default_factory=dict, repr=False)
+    tallied: int = 0  # calls counted in `appended`
 
 
 @lru_cache(maxsize=64)
@@ -227,20 +228,24 @@ class WidthChooser:
     def best(self) -> tuple[int, dict[int, float]]:
         """The arm predicted fastest and the predicted tokens per second of every arm whose cost is known."""
         cost, predicted = self.measured.cost, {}
-        if self.ar and (seconds := cost.predict(VERIFY, self.rows(0)[0])):
-            predicted[0] = 1.0 / seconds
-        predicted |= self.drafting_rates()
+        ar = cost.predict(VERIFY, self.rows(0)[0])
+        if self.ar and ar:
+            predicted[0] = 1.0 / ar
+        for w, (rate, tokens) in self.drafting_rates().items():
+            # a drafting call does an AR call's work and more: never cheaper, whatever noise the two costs hold
+            predicted[w] = min(rate, tokens / ar) if ar else rate
         if not predicted:  # nothing measured yet for these arms (a cost file without them): the widest first
             return self.widths[-1] if self.widths else 0, predicted
         return max(predicted, key=predicted.get), predicted
 
-    def drafting_rates(self) -> dict[int, float]:
-        """Predicted tokens per second of every drafting arm, recomputed only when the acceptance profile or the
-        drafting calls' cost changed (while AR plays, neither does)."""
+    def drafting_rates(self) -> dict[int, tuple[float, float]]:
+        """(predicted tokens per second, tokens per call) of every drafting arm, recomputed only when the
+        acceptance profile, the tokens the calls appended or the drafting calls' cost changed (while AR plays,
+        none does)."""
         cost, profile = self.measured.cost, self.measured.profile
         if self.chains is None or not cost.points[DRAFT]:
             return {}
-        key = profile.version, cost.stamp(DRAFT)
+        key = profile.version, self.measured.tallied, cost.stamp(DRAFT)
         kept = self.measured.kept.get(self.arms_key)
         if kept is None or kept[0] != key:
             seconds = cost.predict_many(DRAFT, self.draft_rows)
@@ -248,7 +253,8 @@ class WidthChooser:
             expected = (pi * tokens).sum(axis=1)
             expected = expected * self.calibration(expected)
             rate = expected / (pi * seconds).sum(axis=1).clip(1e-12, None)
-            kept = self.measured.kept[self.arms_key] = key, dict(zip(self.drafting, rate.tolist(), strict=True))
+            kept = key, dict(zip(self.drafting, zip(rate.tolist(), expected.tolist(), strict=True), strict=True))
+            self.measured.kept[self.arms_key] = kept
         return kept[1]
 
     def calibration(self, expected: np.ndarray) -> np.ndarray:
@@ -271,6 +277,7 @@ class WidthChooser:
 
     def tally(self, arm: int, tokens: int) -> None:
         """A call at width `arm` appended `tokens`."""
+        self.measured.tallied += 1
         kept = self.measured.appended.setdefault(arm, [0.0, 0.0])
         kept[0] = CALIBRATE_FORGET * kept[0] + tokens
         kept[1] = CALIBRATE_FORGET * kept[1] + 1
