@@ -252,18 +252,6 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
         CallCost.load(path)
 
 
-def test_the_cost_curve_fits_a_line_through_neighbouring_row_counts():
-    """A noisy median among nearby row counts is pulled toward their common line (made non-decreasing alone,
-    it would lift its neighbour: 7 and 8 rows both ~15% high here); a bend wider than the span stays."""
-    cost = CallCost()
-    truth = {r: 1.0 + 0.1 * r if r <= 12 else 2.2 + 0.01 * (r - 12) for r in range(4, 41)}
-    for r, seconds in truth.items():
-        for _ in range(4):
-            cost.observe(DRAFT, r, seconds * (1.3 if r == 7 else 1.0))  # one row count measured in a slow spell
-    assert cost.predict(DRAFT, 7) < 1.08 * truth[7] and cost.predict(DRAFT, 8) < 1.07 * truth[8]
-    assert cost.predict(DRAFT, 30) - cost.predict(DRAFT, 20) < 0.5 * (cost.predict(DRAFT, 10) - cost.predict(DRAFT, 5))
-
-
 def test_the_acceptance_profile_counts_each_offset_given_the_ones_before():
     profile = AcceptanceProfile()
     for _ in range(50):

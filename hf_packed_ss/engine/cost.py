@@ -25,30 +25,12 @@ import numpy as np
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
 RECENT = 9  # a row count's cost is the median of its last RECENT calls
-SPAN, SPAN_SHARE = 2, 0.15  # `local_fit`'s reach: row counts within 2 (or 15% of the rows) of each other
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
 
 def _key(rows: int) -> int:
     return rows if rows <= EXACT else rows - rows % BUCKET
-
-
-def local_fit(xs: list[int], ys: list[float], weights: list[float]) -> list[float]:
-    """Each point's value from a weighted straight line through the points within SPAN rows of it (or SPAN_SHARE
-    of its rows): neighbouring row counts cost nearly the same, and a median of a few noisy calls is noisier
-    than that line; the curve's bends wider than the span are kept."""
-    out = []
-    for x in xs:
-        span = max(SPAN, SPAN_SHARE * x)
-        near = [(xj, yj, wj) for xj, yj, wj in zip(xs, ys, weights, strict=True) if abs(xj - x) <= span]
-        total = sum(w for _, _, w in near)
-        mx = sum(w * xj for xj, _, w in near) / total
-        my = sum(w * yj for _, yj, w in near) / total
-        spread = sum(w * (xj - mx) ** 2 for xj, _, w in near)
-        slope = sum(w * (xj - mx) * (yj - my) for xj, yj, w in near) / spread if len(near) > 2 and spread else 0.0
-        out.append(my + slope * (x - mx) if len(near) > 2 else ys[xs.index(x)])
-    return out
 
 
 @dataclass
@@ -92,11 +74,10 @@ class CallCost:
     def _smoothed(self, kind: str) -> tuple:
         if kind not in self._smooth:
             xs = sorted(self.points[kind])
-            weights = [min(self.points[kind][x][1], RECENT) or 1.0 for x in xs]  # calls in each point's window
-            ys = local_fit(xs, [self.points[kind][x][0] for x in xs], weights)
             blocks: list[list[float]] = []  # [weighted sum, weight, points]
-            for y, w in zip(ys, weights, strict=True):
-                blocks.append([y * w, w, 1])
+            for x in xs:
+                seconds, calls = self.points[kind][x]
+                blocks.append([seconds * max(calls, 1.0), max(calls, 1.0), 1])
                 while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                     last = blocks.pop()
                     blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
