@@ -292,6 +292,21 @@ def test_a_drafting_call_is_never_predicted_cheaper_than_an_ar_call():
     assert max(predicted.values()) < 1.02 * predicted[0]  # bounded by the tokens per call (~1) over AR's cost
 
 
+def test_after_a_draft_check_the_arm_it_interrupted_holds():
+    """Drafting calls measured as cheap as AR ones and drafts that never land: the checks' width is within the
+    switching margin of AR, yet each check ends back on AR (the check's width is no incumbent)."""
+    measured = Measured(cost=frozen(ar=1.0, draft=0.98))
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    for _ in range(100):
+        for first in range(1, 8):
+            measured.profile.observe(first, 8 - first, 0)
+    chooser.arm = 0  # AR holds (it won before): a drafting arm 1% ahead does not clear the margin
+    arms = [chooser.choose(1) for _ in range(400)]
+    checks = sum(1 for a, b in zip(arms, arms[1:], strict=False) if a == 0 and b >= 2)
+    assert checks >= 2 and arms.count(0) > 0.95 * len(arms)
+
+
 def test_the_chain_is_calibrated_by_what_the_calls_appended():
     """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE."""
     from hf_packed_ss.engine.width import CALIBRATE_CALLS, SLOPE

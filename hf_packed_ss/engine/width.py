@@ -198,11 +198,12 @@ class WidthChooser:
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
         self.every = DECIDE_EVERY  # calls between decisions now
+        self.held: int | None = None  # the arm a draft check interrupted: the one a switch must beat after it
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
         self.layout = layout
-        self.arm, self.tic, self.since, self.every = None, None, 0, DECIDE_EVERY
+        self.arm, self.tic, self.since, self.every, self.held = None, None, 0, DECIDE_EVERY, None
         # rows of each drafting arm's call by the draft it finds (padded past W, where the chain holds no mass)
         self.draft_rows = np.ones((len(self.drafting), max(self.drafting, default=1)), dtype=np.int64)
         for i, w in enumerate(self.drafting):
@@ -307,7 +308,8 @@ class WidthChooser:
     def decide(self) -> int:
         self.since = 0
         best, predicted = self.best()
-        current = self.arm
+        current = self.arm if self.held is None else self.held  # after a check, the arm it interrupted holds
+        self.held = None
         if current in predicted and predicted[best] < MARGIN * predicted[current]:
             best = current
         drafting = [w for w in self.widths if w >= 2]
@@ -319,6 +321,7 @@ class WidthChooser:
             self.measured.probe_every = min((4 if clear else 2) * self.measured.probe_every, PROBE_MOST)
             self.queue = [width] * (PROBE_CALLS - 1)
             self.measured.undrafted = 0
+            self.held = best
             return width
         if best >= 2:  # speculation pays: when AR next wins, check a draft again soon
             self.measured.probe_every = PROBE_FIRST
