@@ -170,8 +170,8 @@ class Measured:
     profile: AcceptanceProfile = field(default_factory=AcceptanceProfile)
     probe_every: int = PROBE_FIRST
     undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
-    # the drafting arms' predicted rates by (arms, their rows): with the profile version and draft cost stamp
-    # they were computed for, kept across decodes (while AR plays neither changes)
+    # the drafting arms' predicted rates by (arms, their rows): with the profile version, the tallies and the draft
+    # cost stamp they were computed for, kept across decodes (while AR plays none of them changes)
     kept: dict = field(default_factory=dict, repr=False)
     # tokens appended by the calls at each width: width -> [discounted tokens, discounted calls]
     appended: dict = field(default_factory=dict, repr=False)
