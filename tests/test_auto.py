@@ -308,30 +308,86 @@ def test_after_a_draft_check_the_arm_it_interrupted_holds():
 
 
 def test_the_chain_is_calibrated_by_what_the_calls_appended():
-    """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE."""
+    """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE; a
+    width that stops playing fades out of the fit."""
     from hf_packed_ss.engine.width import CALIBRATE_CALLS, SLOPE
 
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
     chooser.start(ShiftedBlockLayout(0))
     expected = np.linspace(1.2, 2.6, len(chooser.drafting))  # the chain's tokens per call at W = 2..8
+    measured.chain.update(zip(chooser.drafting, expected.tolist(), strict=True))
     for _ in range(CALIBRATE_CALLS - 5):
         chooser.tally(4, 1)
-    assert chooser.calibration(expected).tolist() == [1.0] * 7  # too few calls to say anything
+    assert chooser.calibration().tolist() == [1.0] * 7  # too few calls to say anything
     for _ in range(200):
         chooser.tally(4, 1)
     at4 = expected[chooser.drafting.index(4)]
-    assert chooser.calibration(expected) == pytest.approx(np.full(7, 1 / at4))  # one width: one factor
+    assert chooser.calibration() == pytest.approx(np.full(7, 1 / at4))  # one width: one factor
     for _ in range(200):
         chooser.tally(8, 1)  # as few tokens at 8: far below the chain there
-    c = chooser.calibration(expected)
+    c = chooser.calibration()
     assert c[chooser.drafting.index(4)] > c[chooser.drafting.index(8)]
     assert np.diff(np.log(c)) == pytest.approx(np.full(6, -SLOPE))  # the fit is steeper: clipped
-    before = chooser.best()[1]
-    for _ in range(30):
-        measured.profile.observe(1, 8, 8)  # the drafts look perfect, yet the calls appended one token each
-    predicted = chooser.best()[1]
-    assert predicted[8] < 1.5 * predicted[0] and predicted[8] != before[8]
+    for _ in range(800):
+        chooser.tally(4, 1)  # W = 8's calls fade below CALIBRATE_CALLS: one width again
+    assert chooser.calibration() == pytest.approx(np.full(7, 1 / at4))
+
+
+def test_calls_are_calibrated_against_the_chain_of_their_time():
+    """Easy prompts, then hard ones, at one width: the calls appended 90% of what the chain expected each time, so
+    the factor stays 0.9 (against the latest chain alone the easy calls would make it 1.5), and the chooser
+    records the chain it computes for the calls that follow."""
+    measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    for chain, appended in ((2.0, 1.8), (1.2, 1.08)):
+        measured.chain[4] = chain
+        for _ in range(100):
+            chooser.tally(4, appended)
+    assert chooser.calibration() == pytest.approx(np.full(7, 0.9))
+    measured.chain.clear()
+    before = list(measured.appended[4])
+    chooser.tally(4, 1)  # no chain computed yet: nothing to compare with
+    assert measured.appended[4] == before
+    for first in range(1, 8):
+        measured.profile.observe(first, 8 - first, 8 - first)  # drafts that always land
+    chooser.best()
+    assert set(measured.chain) == set(chooser.drafting) and measured.chain[8] > measured.chain[2] > 1
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch, checks):
+    """Drafts land 90% of the time, so wider is faster, but the cost of 10 and more rows was measured on a slow
+    stretch of the machine (5x): only W <= 4 looks worth it. Timing a neighbour now and then finds the true cost
+    and climbs past W = 4; without the checks the chooser stays there."""
+    from hf_packed_ss.engine import width
+
+    def true_cost(rows: int) -> float:
+        return 1.2 + 0.01 * rows
+
+    cost = CallCost()
+    cost.points[VERIFY] = {1: [1.0, 9.0]}
+    cost.points[DRAFT] = {r: [true_cost(r) * (5 if r >= 10 else 1), 9.0] for r in range(3, 12)}
+    measured = Measured(cost=cost)
+    measured.profile.tried, measured.profile.accepted = [0.0] + [100.0] * 15, [0.0] + [90.0] * 15
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    chooser.queue, chooser.arm = [], 4
+    clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
+    monkeypatch.setattr(width, "time", clock)
+    if not checks:
+        monkeypatch.setattr(width, "NEIGHBOUR_EVERY", 10**9)
+    arms = []
+    for i in range(1500):
+        rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
+        clock.now += true_cost(rows) if chooser.arm else 1.0
+        arms.append(chooser.choose(rows))
+    late = arms[-500:]
+    if checks:
+        assert min(late) >= 2 and sum(a > 4 for a in late) > 0.9 * len(late)
+    else:
+        assert set(late) <= {3, 4}
 
 
 def test_a_cold_chooser_measures_a_spread_of_widths_first():

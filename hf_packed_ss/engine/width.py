@@ -44,10 +44,14 @@ MARGIN = 1.08  # switch only to an arm predicted this much faster (near the opti
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
+# calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
+# count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
+NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
 _VERSIONS = itertools.count()  # acceptance profile versions
-# the chain's tokens per call are calibrated by what calls appended: at a width with CALIBRATE_CALLS (discounted by
-# CALIBRATE_FORGET per call there); between widths log c(W) is linear, falling at most SLOPE per width (acceptance
-# is correlated from call to call, which the chain ignores: it over-predicts, more the wider the draft)
+# the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
+# CALIBRATE_CALLS (each call at any width discounts all by CALIBRATE_FORGET); between widths log c(W) is linear,
+# falling at most SLOPE per width (acceptance is correlated from call to call, which the chain ignores: it
+# over-predicts, more the wider the draft)
 CALIBRATE_CALLS, CALIBRATE_FORGET, SLOPE = 20, 0.995, 0.02
 
 
@@ -170,11 +174,15 @@ class Measured:
     profile: AcceptanceProfile = field(default_factory=AcceptanceProfile)
     probe_every: int = PROBE_FIRST
     undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
+    unchecked: int = 0  # calls at a drafting width since a neighbour was last timed (across decodes)
+    side: int = -1  # the side of the last neighbour check: +1 wider, -1 narrower
     # the drafting arms' predicted rates by (arms, their rows): with the profile version, the tallies and the draft
     # cost stamp they were computed for, kept across decodes (while AR plays none of them changes)
     kept: dict = field(default_factory=dict, repr=False)
-    # tokens appended by the calls at each width: width -> [discounted tokens, discounted calls]
+    # the calls at each width: width -> [tokens they appended, tokens the chain expected of them, calls, `tallied`
+    # when last counted], each call of any width discounting them all by CALIBRATE_FORGET
     appended: dict = field(default_factory=dict, repr=False)
+    chain: dict = field(default_factory=dict, repr=False)  # width -> the chain's tokens per call, last computed
     tallied: int = 0  # calls counted in `appended`
 
 
@@ -252,24 +260,26 @@ class WidthChooser:
             seconds = cost.predict_many(DRAFT, self.draft_rows)
             pi, tokens = self.chains.solve(profile.rates(self.drafting[-1]))
             expected = (pi * tokens).sum(axis=1)
-            expected = expected * self.calibration(expected)
+            self.measured.chain.update(zip(self.drafting, expected.tolist(), strict=True))
+            expected = expected * self.calibration()
             rate = expected / (pi * seconds).sum(axis=1).clip(1e-12, None)
             kept = key, dict(zip(self.drafting, zip(rate.tolist(), expected.tolist(), strict=True), strict=True))
             self.measured.kept[self.arms_key] = kept
         return kept[1]
 
-    def calibration(self, expected: np.ndarray) -> np.ndarray:
-        """c(W) per drafting arm: the chain's tokens per call times c(W) is what the calls at W appended, where
-        enough were made; log c is fitted linear in W over those widths (constant with one), weighted by calls."""
-        index = {w: i for i, w in enumerate(self.drafting)}
+    def calibration(self) -> np.ndarray:
+        """c(W) per drafting arm: what the calls at W appended over what the chain expected of them when they
+        were made (a run of easy or hard prompts while W played does not stick to W), where enough calls were
+        made; log c is fitted linear in W over those widths (constant with one), weighted by calls."""
         ws, logs, weights = [], [], []
-        for w, (tokens, calls) in self.measured.appended.items():
-            if w in index and calls >= CALIBRATE_CALLS:
+        for w, (tokens, expected, calls, at) in self.measured.appended.items():
+            calls *= CALIBRATE_FORGET ** (self.measured.tallied - at)  # every call fades every width's tallies
+            if w in self.drafting and calls >= CALIBRATE_CALLS:
                 ws.append(w)
-                logs.append(np.log(tokens / calls / expected[index[w]]))
+                logs.append(np.log(tokens / expected))
                 weights.append(calls)
         if not ws:
-            return np.ones_like(expected)
+            return np.ones(len(self.drafting))
         x, y, v = np.asarray(ws, dtype=float), np.asarray(logs), np.asarray(weights)
         mean_x, mean_y = (v * x).sum() / v.sum(), (v * y).sum() / v.sum()
         spread = (v * (x - mean_x) ** 2).sum()
@@ -277,11 +287,15 @@ class WidthChooser:
         return np.exp(mean_y + np.clip(slope, -SLOPE, 0.0) * (np.asarray(self.drafting) - mean_x))
 
     def tally(self, arm: int, tokens: int) -> None:
-        """A call at width `arm` appended `tokens`."""
-        self.measured.tallied += 1
-        kept = self.measured.appended.setdefault(arm, [0.0, 0.0])
-        kept[0] = CALIBRATE_FORGET * kept[0] + tokens
-        kept[1] = CALIBRATE_FORGET * kept[1] + 1
+        """A call at width `arm` appended `tokens`; the chain's expectation for it is the last one computed."""
+        expected = self.measured.chain.get(arm)
+        if expected is None:
+            return
+        measured = self.measured
+        measured.tallied += 1
+        kept = measured.appended.setdefault(arm, [0.0, 0.0, 0.0, measured.tallied])
+        fade = CALIBRATE_FORGET ** (measured.tallied - kept[3])
+        kept[:] = fade * kept[0] + tokens, fade * kept[1] + expected, fade * kept[2] + 1.0, measured.tallied
 
     def observe(self, first: int, drafted: int, h: int) -> None:
         self.measured.profile.observe(first, drafted, h)
@@ -295,11 +309,14 @@ class WidthChooser:
         self.since += 1
         if self.arm is not None and self.arm < 2:  # AR, or Packed-SS at W = 1 (its one drafted position is verified
             self.measured.undrafted += 1           # by the call that drafts it): nothing to learn from
+        elif self.arm is not None:
+            self.measured.unchecked += 1
         if self.queue:
             self.arm = self.queue.pop(0)
             self.since, self.every = DECIDE_MOST, DECIDE_EVERY  # weigh what it measured at once
         elif self.arm is None or self.since >= self.every:
-            arm = self.decide()
+            due = self.arm and self.arm >= 2 and self.measured.unchecked >= NEIGHBOUR_EVERY
+            arm = self.neighbour(self.arm) if due else self.decide()
             self.every = min(2 * self.every, DECIDE_MOST) if arm == self.arm else DECIDE_EVERY
             self.arm = arm
         self.tic = time.perf_counter()
@@ -326,3 +343,15 @@ class WidthChooser:
         if best >= 2:  # speculation pays: when AR next wins, check a draft again soon
             self.measured.probe_every = PROBE_FIRST
         return best
+
+    def neighbour(self, best: int) -> int:
+        """Instead of a decision: time the arm next to `best` for `NEIGHBOUR_CALLS` calls, on alternate sides (the
+        narrower one below W = 2 is AR); the decision after them keeps `best` unless what they measured makes
+        another arm faster by the margin."""
+        measured, i = self.measured, self.arms.index(best)
+        measured.unchecked, measured.side = 0, -measured.side
+        j = i + measured.side if 0 <= i + measured.side < len(self.arms) else i - measured.side
+        if not 0 <= j < len(self.arms):
+            return best
+        self.queue, self.held = [self.arms[j]] * (NEIGHBOUR_CALLS - 1), best
+        return self.arms[j]
