@@ -301,7 +301,7 @@ def test_after_a_draft_check_the_arm_it_interrupted_holds():
     for _ in range(100):
         for first in range(1, 8):
             measured.profile.observe(first, 8 - first, 0)
-    chooser.arm = 0  # AR holds (it won before): a drafting arm 1% ahead does not clear the margin
+    chooser.arm, chooser.fresh = 0, False  # AR holds (it won before): a drafting arm 1% ahead does not clear the margin
     arms = [chooser.choose(1) for _ in range(400)]
     checks = sum(1 for a, b in zip(arms, arms[1:], strict=False) if a == 0 and b >= 2)
     assert checks >= 2 and arms.count(0) > 0.95 * len(arms)

@@ -47,6 +47,7 @@ CLEAR = 1.2  # AR predicted this much faster than any draft: the next check come
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
 NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
+SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
 # the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
 # CALIBRATE_CALLS (each call at any width discounts all by CALIBRATE_FORGET); between widths log c(W) is linear,
@@ -176,6 +177,8 @@ class Measured:
     undrafted: int = 0  # calls without a draft to verify since one was last checked (across decodes)
     unchecked: int = 0  # calls at a drafting width since a neighbour was last timed (across decodes)
     side: int = -1  # the side of the last neighbour check: +1 wider, -1 narrower
+    centre: int | None = None  # the last decision's arm and the calls to the next: a decode starts there, and
+    every: int = DECIDE_EVERY  # its first decision weighs the arms around it without the switching margin
     # the drafting arms' predicted rates by (arms, their rows): with the profile version, the tallies and the draft
     # cost stamp they were computed for, kept across decodes (while AR plays none of them changes)
     kept: dict = field(default_factory=dict, repr=False)
@@ -200,18 +203,21 @@ class WidthChooser:
         # it is AR with extra rows
         self.arms = ((0,) if ar else ()) + tuple(w for w in self.widths if w > 1 or not ar or len(self.widths) == 1)
         self.drafting = tuple(a for a in self.arms if a)
-        self.chains = chains_for(self.drafting) if self.drafting else None
         self.arm: int | None = None
         self.queue: list[int] = []
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
         self.every = DECIDE_EVERY  # calls between decisions now
         self.held: int | None = None  # the arm a draft check interrupted: the one a switch must beat after it
+        self.fresh = True  # no decision made yet in this decode
 
     def start(self, layout) -> None:
         """Before a decode's first call."""
         self.layout = layout
         self.arm, self.tic, self.since, self.every, self.held = None, None, 0, DECIDE_EVERY, None
+        if self.measured.centre in self.arms:  # no decision before the first call (each costs ~0.5 ms in place)
+            self.arm, self.every = self.measured.centre, self.measured.every
+        self.fresh = True  # the decode's first decision: the arm it starts with is no incumbent
         # rows of each drafting arm's call by the draft it finds (padded past W, where the chain holds no mass)
         self.draft_rows = np.ones((len(self.drafting), max(self.drafting, default=1)), dtype=np.int64)
         for i, w in enumerate(self.drafting):
@@ -234,57 +240,61 @@ class WidthChooser:
             plan += [0] * 3
         return plan
 
-    def best(self) -> tuple[int, dict[int, float]]:
-        """The arm predicted fastest and the predicted tokens per second of every arm whose cost is known."""
-        cost, predicted = self.measured.cost, {}
+    def best(self, arms: tuple[int, ...] | None = None) -> tuple[int, dict[int, float]]:
+        """The arm predicted fastest and the predicted tokens per second of every arm whose cost is known, of
+        `arms` (default: all)."""
+        cost, predicted, arms = self.measured.cost, {}, self.arms if arms is None else arms
         ar = cost.predict(VERIFY, self.rows(0)[0])
-        if self.ar and ar:
+        if 0 in arms and ar:
             predicted[0] = 1.0 / ar
-        for w, (rate, tokens) in self.drafting_rates().items():
+        for w, (rate, tokens) in self.drafting_rates(tuple(a for a in arms if a)).items():
             # a drafting call does an AR call's work and more: never cheaper, whatever noise the two costs hold
             predicted[w] = min(rate, tokens / ar) if ar else rate
         if not predicted:  # nothing measured yet for these arms (a cost file without them): the widest first
             return self.widths[-1] if self.widths else 0, predicted
         return max(predicted, key=predicted.get), predicted
 
-    def drafting_rates(self) -> dict[int, tuple[float, float]]:
-        """(predicted tokens per second, tokens per call) of every drafting arm, recomputed only when the
-        acceptance profile, the tokens the calls appended or the drafting calls' cost changed (while AR plays,
-        none does)."""
+    def drafting_rates(self, widths: tuple[int, ...] | None = None) -> dict[int, tuple[float, float]]:
+        """(predicted tokens per second, tokens per call) of the drafting arms `widths` (default: all),
+        recomputed only when the acceptance profile, the tokens the calls appended or the drafting calls' cost
+        changed (while AR plays, none does)."""
         cost, profile = self.measured.cost, self.measured.profile
-        if self.chains is None or not cost.points[DRAFT]:
+        widths = self.drafting if widths is None else widths
+        if not widths or not cost.points[DRAFT]:
             return {}
         key = profile.version, self.measured.tallied, cost.stamp(DRAFT)
-        kept = self.measured.kept.get(self.arms_key)
+        kept = self.measured.kept.get((self.arms_key, widths))
         if kept is None or kept[0] != key:
-            seconds = cost.predict_many(DRAFT, self.draft_rows)
-            pi, tokens = self.chains.solve(profile.rates(self.drafting[-1]))
+            rows = self.draft_rows[[self.drafting.index(w) for w in widths], : widths[-1]]
+            seconds = cost.predict_many(DRAFT, rows)
+            pi, tokens = chains_for(widths).solve(profile.rates(widths[-1]))
             expected = (pi * tokens).sum(axis=1)
-            self.measured.chain.update(zip(self.drafting, expected.tolist(), strict=True))
-            expected = expected * self.calibration()
+            self.measured.chain.update(zip(widths, expected.tolist(), strict=True))
+            expected = expected * self.calibration(widths)
             rate = expected / (pi * seconds).sum(axis=1).clip(1e-12, None)
-            kept = key, dict(zip(self.drafting, zip(rate.tolist(), expected.tolist(), strict=True), strict=True))
-            self.measured.kept[self.arms_key] = kept
+            kept = key, dict(zip(widths, zip(rate.tolist(), expected.tolist(), strict=True), strict=True))
+            self.measured.kept[self.arms_key, widths] = kept
         return kept[1]
 
-    def calibration(self) -> np.ndarray:
-        """c(W) per drafting arm: what the calls at W appended over what the chain expected of them when they
+    def calibration(self, widths: tuple[int, ...] | None = None) -> np.ndarray:
+        """c(W) per drafting arm of `widths` (default: all): what the calls at W appended over what the chain expected of them when they
         were made (a run of easy or hard prompts while W played does not stick to W), where enough calls were
         made; log c is fitted linear in W over those widths (constant with one), weighted by calls."""
         ws, logs, weights = [], [], []
         for w, (tokens, expected, calls, at) in self.measured.appended.items():
             calls *= CALIBRATE_FORGET ** (self.measured.tallied - at)  # every call fades every width's tallies
-            if w in self.drafting and calls >= CALIBRATE_CALLS:
+            if calls >= CALIBRATE_CALLS:
                 ws.append(w)
                 logs.append(np.log(tokens / expected))
                 weights.append(calls)
+        widths = np.asarray(self.drafting if widths is None else widths)
         if not ws:
-            return np.ones(len(self.drafting))
+            return np.ones(len(widths))
         x, y, v = np.asarray(ws, dtype=float), np.asarray(logs), np.asarray(weights)
         mean_x, mean_y = (v * x).sum() / v.sum(), (v * y).sum() / v.sum()
         spread = (v * (x - mean_x) ** 2).sum()
         slope = (v * (x - mean_x) * (y - mean_y)).sum() / spread if len(ws) > 1 and spread > 0 else 0.0
-        return np.exp(mean_y + np.clip(slope, -SLOPE, 0.0) * (np.asarray(self.drafting) - mean_x))
+        return np.exp(mean_y + np.clip(slope, -SLOPE, 0.0) * (widths - mean_x))
 
     def tally(self, arm: int, tokens: int) -> None:
         """A call at width `arm` appended `tokens`; the chain's expectation for it is the last one computed."""
@@ -319,14 +329,17 @@ class WidthChooser:
             arm = self.neighbour(self.arm) if due else self.decide()
             self.every = min(2 * self.every, DECIDE_MOST) if arm == self.arm else DECIDE_EVERY
             self.arm = arm
+            self.measured.centre, self.measured.every = (arm if self.held is None else self.held), self.every
         self.tic = time.perf_counter()
         return self.arm
 
     def decide(self) -> int:
         self.since = 0
-        best, predicted = self.best()
         current = self.arm if self.held is None else self.held  # after a check, the arm it interrupted holds
         self.held = None
+        best, predicted = self.best(self.around(current))
+        if self.fresh:
+            current, self.fresh = None, False
         if current in predicted and predicted[best] < MARGIN * predicted[current]:
             best = current
         drafting = [w for w in self.widths if w >= 2]
@@ -343,6 +356,16 @@ class WidthChooser:
         if best >= 2:  # speculation pays: when AR next wins, check a draft again soon
             self.measured.probe_every = PROBE_FIRST
         return best
+
+    def around(self, centre: int | None) -> tuple[int, ...]:
+        """The arms a decision weighs: those within SPAN of `centre` in `arms`, and AR where allowed (all of them
+        before any decision). Tokens per second are unimodal in W, so a few steps a decision find the best, and
+        a decision costs a fraction of what weighing every width does."""
+        if centre is None or centre not in self.arms:
+            return self.arms
+        i = self.arms.index(centre)
+        near = self.arms[max(i - SPAN, 0) : i + SPAN + 1]
+        return near if near[0] == 0 or not self.ar else (0, *near)
 
     def neighbour(self, best: int) -> int:
         """Instead of a decision: time the arm next to `best` for `NEIGHBOUR_CALLS` calls, on alternate sides (the
