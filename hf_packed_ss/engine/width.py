@@ -277,9 +277,10 @@ class WidthChooser:
         return kept[1]
 
     def calibration(self, widths: tuple[int, ...] | None = None) -> np.ndarray:
-        """c(W) per drafting arm of `widths` (default: all): what the calls at W appended over what the chain expected of them when they
-        were made (a run of easy or hard prompts while W played does not stick to W), where enough calls were
-        made; log c is fitted linear in W over those widths (constant with one), weighted by calls."""
+        """c(W) per drafting arm of `widths` (default: all): what the calls at W appended over what the chain
+        expected of them when they were made (a run of easy or hard prompts while W played does not stick to W),
+        where enough calls were made; log c is fitted linear in W over those widths (constant with one), weighted
+        by calls."""
         ws, logs, weights = [], [], []
         for w, (tokens, expected, calls, at) in self.measured.appended.items():
             calls *= CALIBRATE_FORGET ** (self.measured.tallied - at)  # every call fades every width's tallies
