@@ -390,6 +390,42 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
         assert set(late) <= {3, 4}
 
 
+def test_a_call_right_after_a_switch_is_not_timed(monkeypatch):
+    """The call that meets another width's draft (and shapes) costs more than the width does while it plays: 10x
+    here. The curve keeps what the calls after it cost."""
+    from hf_packed_ss.engine import width
+
+    measured = Measured()
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
+    monkeypatch.setattr(width, "time", clock)
+    chooser.queue = [4] * 4 + [6] * 4 + [4, 6] * 8  # then every call is a switch
+    rows = {4: 9, 6: 13}
+    last = None
+    for _ in range(len(chooser.queue)):
+        arm = chooser.choose(last)
+        clock.now += 10.0 if arm != chooser.previous else 1.0
+        last = rows[arm]
+    chooser.choose(last)
+    assert {r: p[0] for r, p in measured.cost.points[DRAFT].items()} == {9: 1.0, 13: 1.0}
+
+
+def test_a_decision_weighs_the_arms_near_the_incumbent_and_a_decode_starts_where_the_last_left():
+    measured = Measured(cost=frozen(ar=1.0, draft=0.5, per_row=0.001))  # drafting is cheap: wider wins
+    for first in range(1, 8):
+        measured.profile.observe(first, 8 - first, 8 - first)
+    chooser = WidthChooser(tuple(range(1, 9)), True, measured)
+    chooser.start(ShiftedBlockLayout(0))
+    assert chooser.around(None) == chooser.arms == (0, 2, 3, 4, 5, 6, 7, 8)
+    assert chooser.around(5) == (0, 3, 4, 5, 6, 7) and chooser.around(0) == (0, 2, 3)
+    chooser.queue, chooser.arm, chooser.fresh = [], 2, False
+    arms = [chooser.choose(1) for _ in range(90)]
+    assert arms[0] == 2 and arms[-1] == 8 and sorted(set(arms)) == [2, 4, 6, 8]  # climbs two widths a decision
+    chooser.start(ShiftedBlockLayout(0))  # the next decode: no decision before its first call
+    assert chooser.choose(None) == 8 and measured.centre == 8
+
+
 def test_a_cold_chooser_measures_a_spread_of_widths_first():
     chooser = WidthChooser(tuple(range(1, 16)), True, Measured())
     chooser.start(ShiftedBlockLayout(0))

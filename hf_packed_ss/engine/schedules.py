@@ -312,7 +312,6 @@ class AutoSchedule(PackedSSSchedule):
         super().__init__(max(widths), acceptance, verify_order)
         self.chooser = WidthChooser(widths, ar, measured if measured is not None else Measured())
         self.arm = self.width  # 0: AR
-        self.last: int | None = None  # the arm of the call before this one
         self.base: int | None = None  # the first position after the prefix the stored draft was made from
 
     def begin(self, layout, length: int, device: torch.device) -> None:
@@ -320,7 +319,6 @@ class AutoSchedule(PackedSSSchedule):
         self.chooser.start(layout)
 
     def choose(self, stats) -> None:
-        self.last = self.arm
         self.arm = self.chooser.choose(stats.rows_per_call[-1] if stats.rows_per_call else None)
         self.width = max(self.arm, 1)
 
@@ -339,7 +337,7 @@ class AutoSchedule(PackedSSSchedule):
             self.started = True
             return self.verify(plan, result)
         verdict = super().advance(plan, result)
-        if self.arm >= 2 and self.last == self.arm:  # a call after a switch finds another width's draft
+        if self.arm >= 2 and self.chooser.previous == self.arm:  # a call after a switch finds another width's draft
             self.chooser.tally(self.arm, verdict.h + 1)
         if plan.available and self.base is not None:
             self.chooser.observe(plan.position(0) - self.base, plan.available, verdict.h)
