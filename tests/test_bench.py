@@ -385,6 +385,9 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     best = section["vs_best"]
     assert best["low"] <= best["value"] <= best["high"] and "vs_stock" in section
     assert {c["schedule"] for c in section["cost_model"]} >= {"ar", "packed_ss", "auto"}
+    own = next(c for c in section["cost_model"] if c["schedule"] == "auto")
+    assert own["shape_error"] == pytest.approx(0.0) and all(  # the run's speed taken out: auto's own is exact
+        c["shape_error"] == pytest.approx((1 + c["error"]) / (1 + own["error"]) - 1) for c in section["cost_model"])
     assert "## auto: the width and mode chosen per call" in report
     for png in ("ratios.png", "timing.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

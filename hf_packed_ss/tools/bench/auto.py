@@ -39,7 +39,7 @@ def predicted_seconds(record: Record, cost) -> float | None:
         return None
     total = 0.0
     for mode, rows in zip(record.schedule_per_iteration, record.rows_per_call, strict=True):
-        seconds = cost.predict(VERIFY if mode == REFERENCE else DRAFT, rows)
+        seconds = cost.seconds(VERIFY if mode == REFERENCE else DRAFT, rows)
         if seconds is None:
             return None
         total += seconds
@@ -72,9 +72,14 @@ def summary(model, records: list[Record], schedules: list[str], complete: list[i
         nfe, wall = sum(r.nfe for r in mine), sum(r.decoder_time_s for r in mine)
         cost.append({"schedule": s, "predicted_ms_per_nfe": 1e3 * sum(predicted) / nfe,
                      "measured_ms_per_nfe": 1e3 * wall / nfe, "error": sum(predicted) / wall - 1})
+    # the model predicts at the speed the machine ran at last; divided by auto's own error, what is left is the
+    # error of the curve's shape (what the choice depends on), the machine's drift over the run taken out
+    own = next((c["error"] for c in cost if c["schedule"] == AUTO), None)
+    for c in cost:
+        c["shape_error"] = None if own is None else (1 + c["error"]) / (1 + own) - 1
     out["cost_model"] = cost
-    out["fitted_ms"] = {kind: {rows: 1e3 * point[0] for rows, point in sorted(table.items()) if rows <= 64}
-                        for kind, table in measured.cost.points.items()}
+    out["fitted_ms"] = {kind: {int(rows): 1e3 * point[0] for rows, point in table.items() if int(rows) <= 64}
+                        for kind, table in measured.cost.to_dict().items()}  # at the speed the run ended on
     out["acceptance"] = measured.profile.rates(max(len(measured.profile.tried), 2))[1:]
     return out
 
@@ -87,9 +92,10 @@ def markdown(section: dict) -> str:
             lines.append(f"- auto / {label}: throughput {i['value']:.3f} [{i['low']:.3f}, {i['high']:.3f}] "
                          "(95% paired bootstrap over prompts)")
     lines += ["", "Cost model (what auto measured in this process) against every schedule's measured time per NFE:",
-              "", "| schedule | predicted ms/NFE | measured ms/NFE | error |", "|---|---|---|---|"]
+              "", "| schedule | predicted ms/NFE | measured ms/NFE | error | error over auto's own (the curve's "
+              "shape) |", "|---|---|---|---|---|"]
     lines += [f"| {c['schedule']} | {c['predicted_ms_per_nfe']:.3f} | {c['measured_ms_per_nfe']:.3f} | "
-              f"{100 * c['error']:+.1f}% |" for c in section["cost_model"]]
+              f"{100 * c['error']:+.1f}% | {_percent(c.get('shape_error'))} |" for c in section["cost_model"]]
     for kind, table in section["fitted_ms"].items():
         if table:
             lines.append("")
@@ -99,14 +105,18 @@ def markdown(section: dict) -> str:
     return "\n".join(lines)
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
 def table(files: list[str]) -> str:
     """One row per bench results.json with an auto section: the README's auto figures."""
     import json
     from pathlib import Path
 
     head = ("| checkpoint, suite | best fixed | auto / best fixed | auto / stock | auto chose | cost model error "
-            "(worst schedule) |")
-    lines = [head, "|---|---|---|---|---|---|"]
+            "(worst schedule) | over auto's own error (worst) |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for file in files:
         results = json.loads(Path(file).read_text())
         section = results.get("auto")
@@ -120,6 +130,9 @@ def table(files: list[str]) -> str:
         chose = ", ".join(f"{k} {100 * v:.0f}%" for k, v in section["choices"].items() if v >= 0.05)
         worst = max(section["cost_model"], key=lambda c: abs(c["error"]), default=None)
         error = f"{100 * worst['error']:+.1f}% ({worst['schedule']})" if worst else "-"
+        shapes = [c for c in section["cost_model"] if c.get("shape_error") is not None]
+        shape = max(shapes, key=lambda c: abs(c["shape_error"]), default=None)
+        error += f" | {_percent(shape['shape_error'])} ({shape['schedule']})" if shape else " | -"
         lines.append(f"| {config['model']}, {results['suite']['name']} ({len(results['complete_prompts'])} prompts) | "
                      f"{section.get('best_fixed', '-')} | {cell(section['vs_best'])} | "
                      f"{cell(section['vs_stock']) if 'vs_stock' in section else '-'} | {chose} | {error} |")
