@@ -7,13 +7,6 @@ interpolated piecewise linearly, so a cheaper path for 1-row calls, or a step wh
 followed instead of being averaged into one straight line.
 Calls that ask the drafter and calls that do not are kept apart: on a LoRA drafter the first pay the adapter.
 
-The machine's speed drifts (a shared CPU here ran the same AR calls at 63 and at 87 ms ten minutes apart), and a
-row count timed once and not played since would keep the speed of its time: an arm that stopped playing in a slow
-stretch would look slow for good, and AR, timed in a fast one, would win. So the points are kept in reference
-seconds, each call divided by `speed`, and `speed` follows every timed call's surprise against its own point
-(a step of `TRACK` of it, clipped to `CLIP`: a pause of the machine moves it little). Predictions are in
-reference seconds, in which every arm compares alike; `seconds` gives them at the current speed.
-
 One `CallCost` per model, device, dtype and thread count lives for the process (`Measured`); `hf-packed-ss
 probe --cost-model FILE` writes one to a file and `generate(..., cost_model=FILE)` starts from it.
 """
@@ -23,7 +16,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +24,8 @@ import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
-RECENT = 31  # a row count's cost is the median of its last RECENT calls (more than the speed takes to follow a drift)
+RECENT = 9  # a row count's cost is the median of its last RECENT calls
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
-TRACK, CLIP = 0.2, 0.2  # the speed moves by TRACK of a call's log surprise, clipped to +-CLIP
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
 
@@ -45,11 +36,10 @@ def _key(rows: int) -> int:
 @dataclass
 class CallCost:
     """Seconds per iteration by call kind and row count: ``points[kind][rows] = [seconds, calls]``, seconds the
-    median of that row count's last `RECENT` calls in reference seconds (a first call of a shape, which builds its
-    templates, or a pause of the machine does not move it)."""
+    median of that row count's last `RECENT` calls (a first call of a shape, which builds its templates, or a
+    pause of the machine does not move it)."""
 
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
-    speed: float = 1.0  # seconds now per reference second
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
@@ -63,19 +53,11 @@ class CallCost:
                 return
         times = self.recent[kind, key]
         point = self.points[kind].get(key)
-        if point is not None:
-            surprise = math.log(seconds / (point[0] * self.speed))
-            self.speed *= math.exp(TRACK * max(-CLIP, min(CLIP, surprise)))
         if point is not None and not times:  # loaded from a file: its value is the first of the window
             times.append(point[0])
-        times.append(seconds / self.speed)
+        times.append(seconds)
         self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]
         self._smooth.pop(kind, None)
-
-    def seconds(self, kind: str, rows: int) -> float | None:
-        """`predict` at the machine's current speed."""
-        reference = self.predict(kind, rows)
-        return None if reference is None else reference * self.speed
 
     def measured(self, kind: str) -> list[int]:
         return sorted(self.points[kind])
@@ -104,8 +86,8 @@ class CallCost:
         return self._smooth[kind]
 
     def predict(self, kind: str, rows: int) -> float | None:
-        """Reference seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python
-        (it runs between two model calls, where a few numpy calls on cold caches cost more than the arithmetic)."""
+        """Seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python (it runs
+        between two model calls, where a few numpy calls on cold caches cost more than the arithmetic)."""
         xs, ys, _ = self._smoothed(kind)
         if not xs:
             return None
@@ -120,7 +102,7 @@ class CallCost:
         return max(ys[end] + slope * (rows - xs[end]), 0.5 * ys[end])
 
     def predict_many(self, kind: str, rows: np.ndarray) -> np.ndarray | None:
-        """Reference seconds per iteration for each row count in `rows`: the smoothed measured cost (`curve`), linear
+        """Seconds per iteration for each row count in `rows`: the smoothed measured cost (`curve`), linear
         between the nearest measured row counts, the end segments' slope beyond them (never below half the
         nearest point); None before any call of this kind was measured."""
         xs, ys, _ = self._smoothed(kind)
@@ -138,9 +120,7 @@ class CallCost:
         return value
 
     def to_dict(self) -> dict:
-        """The points at the current speed (a file's reference is the speed it was written at)."""
-        return {kind: {str(r): [p[0] * self.speed, p[1]] for r, p in sorted(table.items())}
-                for kind, table in self.points.items()}
+        return {kind: {str(r): p for r, p in sorted(table.items())} for kind, table in self.points.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> CallCost:

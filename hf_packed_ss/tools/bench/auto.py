@@ -39,7 +39,7 @@ def predicted_seconds(record: Record, cost) -> float | None:
         return None
     total = 0.0
     for mode, rows in zip(record.schedule_per_iteration, record.rows_per_call, strict=True):
-        seconds = cost.seconds(VERIFY if mode == REFERENCE else DRAFT, rows)
+        seconds = cost.predict(VERIFY if mode == REFERENCE else DRAFT, rows)
         if seconds is None:
             return None
         total += seconds
@@ -72,14 +72,15 @@ def summary(model, records: list[Record], schedules: list[str], complete: list[i
         nfe, wall = sum(r.nfe for r in mine), sum(r.decoder_time_s for r in mine)
         cost.append({"schedule": s, "predicted_ms_per_nfe": 1e3 * sum(predicted) / nfe,
                      "measured_ms_per_nfe": 1e3 * wall / nfe, "error": sum(predicted) / wall - 1})
-    # the model predicts at the speed the machine ran at last; divided by auto's own error, what is left is the
-    # error of the curve's shape (what the choice depends on), the machine's drift over the run taken out
+    # each row count's cost is from the stretch of the run it was last timed in; divided by auto's own error,
+    # what is left is the error of the curve's shape (what the choice depends on), the machine's drift over the
+    # run and the process's speed against the run's average taken out
     own = next((c["error"] for c in cost if c["schedule"] == AUTO), None)
     for c in cost:
         c["shape_error"] = None if own is None else (1 + c["error"]) / (1 + own) - 1
     out["cost_model"] = cost
-    out["fitted_ms"] = {kind: {int(rows): 1e3 * point[0] for rows, point in table.items() if int(rows) <= 64}
-                        for kind, table in measured.cost.to_dict().items()}  # at the speed the run ended on
+    out["fitted_ms"] = {kind: {rows: 1e3 * point[0] for rows, point in sorted(table.items()) if rows <= 64}
+                        for kind, table in measured.cost.points.items()}
     out["acceptance"] = measured.profile.rates(max(len(measured.profile.tried), 2))[1:]
     return out
 

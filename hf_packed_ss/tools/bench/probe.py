@@ -349,7 +349,7 @@ def write_cost_model(model, tokenizer, name: str, path: Path) -> int:
     cost, key = measure_cost(model, ids)
     cost.save(path, key)
     print(f"{name}: seconds per iteration by call rows (auto's cost model; loop included), wrote {path}")
-    for kind, table in cost.to_dict().items():
-        print(f"  {kind:<7}" + ", ".join(f"{rows}: {point[0] * 1e3:.2f} ms" for rows, point in table.items()))
+    for kind, table in cost.points.items():
+        print(f"  {kind:<7}" + ", ".join(f"{rows}: {point[0] * 1e3:.2f} ms" for rows, point in sorted(table.items())))
     print(f"Use it: model.generate(..., assistant_mode='auto', cost_model={str(path)!r})")
     return 0
