@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 fixed="ar packed_ss@1 packed_ss@2 packed_ss@4 packed_ss@8 packed_ss auto stock"
 for name in tiny-nemotron-gsm8k tiny-setdlm-gsm8k tiny-nemotron-random; do
-    hf-packed-ss bench --model "$name" --suite gsm8k --limit 10 --max-new-tokens 128 --schedules $fixed \
+    hf-packed-ss bench --model "$name" --suite gsm8k --limit 20 --max-new-tokens 128 --schedules $fixed \
         --out "docs/results/auto/$name" --no-progress
 done
 for suite in gsm8k humaneval; do
