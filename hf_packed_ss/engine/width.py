@@ -355,10 +355,8 @@ class WidthChooser:
             width = max(drafting, key=lambda w: predicted.get(w, 0.0))
             clear = predicted.get(best, 0.0) > CLEAR * predicted.get(width, 0.0)  # AR far ahead: check less often
             self.measured.probe_every = min((4 if clear else 2) * self.measured.probe_every, PROBE_MOST)
-            self.queue = [width] * (PROBE_CALLS - 1)
             self.measured.undrafted = 0
-            self.held = best
-            return width
+            return self.check(width, PROBE_CALLS, best)
         if best >= 2:  # speculation pays: when AR next wins, check a draft again soon
             self.measured.probe_every = PROBE_FIRST
         return best
@@ -382,5 +380,10 @@ class WidthChooser:
         j = i + measured.side if 0 <= i + measured.side < len(self.arms) else i - measured.side
         if not 0 <= j < len(self.arms):
             return best
-        self.queue, self.held = [self.arms[j]] * (NEIGHBOUR_CALLS - 1), best
-        return self.arms[j]
+        return self.check(self.arms[j], NEIGHBOUR_CALLS, best)
+
+    def check(self, arm: int, calls: int, incumbent: int) -> int:
+        """Play `arm` for `calls` calls; the decision after them weighs what they measured with `incumbent`, not
+        `arm`, as the arm a switch must beat."""
+        self.queue, self.held = [arm] * (calls - 1), incumbent
+        return arm
