@@ -24,7 +24,8 @@ import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
-RECENT = 9  # a row count's cost is the median of its last RECENT calls
+RECENT = 48  # a row count's cost is the median of its last RECENT calls (one call of this CPU ranges 2x: a short
+# window keeps the speed of the stretch it was last timed in for the rest of a run)
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
@@ -118,6 +119,10 @@ class CallCost:
                 slope = (y[end] - y[near]) / (x[end] - x[near])
                 value[out] = np.maximum(y[end] + slope * (rows[out] - x[end]), 0.5 * y[end])
         return value
+
+    def snapshot(self) -> CallCost:
+        """A copy that predicts what this one predicts now and does not learn further (what a forecast uses)."""
+        return CallCost({k: {r: list(p) for r, p in table.items()} for k, table in self.points.items()})
 
     def to_dict(self) -> dict:
         return {kind: {str(r): p for r, p in sorted(table.items())} for kind, table in self.points.items()}

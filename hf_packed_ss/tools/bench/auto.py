@@ -1,7 +1,8 @@
 """A bench's `auto` section: what `assistant_mode="auto"` chose, its throughput against the best fixed choice
 measured in the same run (AR and every `packed_ss@W`) and against stock `generate`, with paired intervals, and how
 close the process's cost model (what auto measured, `front.measured_for`) comes to every schedule's measured time
-per NFE (the prediction sums the model's cost of each call's rows; measured is decoder time / NFE)."""
+per NFE (the prediction sums the model's cost of each call's rows as it stood just before that response's decode;
+measured is decoder time / NFE)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import asdict
 from ...engine.cost import DRAFT, VERIFY
 from ...engine.schedules import AutoSchedule, PackedSSSchedule
 from ...front.measured import decoder_of, measured_for
-from .measure import REFERENCE, STOCK, schedule_mode
+from .measure import REFERENCE, STOCK, Decode, schedule_mode
 from .record import Record
 from .statistics import paired_intervals, per_prompt_totals
 
@@ -31,19 +32,35 @@ def choices(records: list[Record]) -> dict[str, float]:
     return {k: counts[k] / total for k in sorted(counts, key=lambda k: (k != REFERENCE, len(k), k))}
 
 
-def predicted_seconds(record: Record, cost) -> float | None:
+def predicted_seconds(modes: list[str], rows: list[int], cost) -> float | None:
     """The cost model's time for one response: every call's predicted cost at its rows (an AR call's kind for
     AR iterations, a drafting call's otherwise); None where a call's cost is unknown or the calls do not map
     one to one onto iterations (Linear-SS, stock)."""
-    if len(record.schedule_per_iteration) != len(record.rows_per_call):
+    if len(modes) != len(rows):
         return None
     total = 0.0
-    for mode, rows in zip(record.schedule_per_iteration, record.rows_per_call, strict=True):
-        seconds = cost.predict(VERIFY if mode == REFERENCE else DRAFT, rows)
+    for mode, n in zip(modes, rows, strict=True):
+        seconds = cost.predict(VERIFY if mode == REFERENCE else DRAFT, n)
         if seconds is None:
             return None
         total += seconds
     return total
+
+
+def forecasting(decode: Decode, model) -> Decode:
+    """`decode`, each response also carrying `predicted_time_s`: its calls' cost from the cost model as it stood
+    just before the decode (out of sample, also for auto's own decodes; what the same model says at the end of
+    the run describes the end of the run, not the stretch of the machine each response ran in)."""
+    measured = measured_for(decoder_of(model))
+
+    def forecast(schedule: str, ids) -> dict:
+        before = measured.cost.snapshot()
+        fields = decode(schedule, ids)
+        fields["predicted_time_s"] = predicted_seconds(fields.get("schedule_per_iteration", []),
+                                                       fields.get("rows_per_call", []), before)
+        return fields
+
+    return forecast
 
 
 def summary(model, records: list[Record], schedules: list[str], complete: list[int], aggregates: dict,
@@ -65,22 +82,21 @@ def summary(model, records: list[Record], schedules: list[str], complete: list[i
                 out[name] = asdict(paired_intervals(totals, other, resamples, seed)[AUTO]["throughput"])
     cost = []
     for s in schedules:
-        mine = [r for r in kept if r.schedule == s]
-        predicted = [predicted_seconds(r, measured.cost) for r in mine]
-        if not mine or any(p is None for p in predicted):
+        # a response decoded before auto had timed every row count its calls have is left out (counted)
+        mine = [r for r in kept if r.schedule == s and r.predicted_time_s is not None]
+        if not mine:
             continue
         nfe, wall = sum(r.nfe for r in mine), sum(r.decoder_time_s for r in mine)
-        cost.append({"schedule": s, "predicted_ms_per_nfe": 1e3 * sum(predicted) / nfe,
-                     "measured_ms_per_nfe": 1e3 * wall / nfe, "error": sum(predicted) / wall - 1})
-    # each row count's cost is from the stretch of the run it was last timed in; divided by auto's own error,
-    # what is left is the error of the curve's shape (what the choice depends on), the machine's drift over the
-    # run and the process's speed against the run's average taken out
+        predicted = sum(r.predicted_time_s for r in mine)
+        cost.append({"schedule": s, "responses": len(mine), "predicted_ms_per_nfe": 1e3 * predicted / nfe,
+                     "measured_ms_per_nfe": 1e3 * wall / nfe, "error": predicted / wall - 1})
+    # divided by auto's own error, what is left is the error of the curve's shape (what the choice depends on)
     own = next((c["error"] for c in cost if c["schedule"] == AUTO), None)
     for c in cost:
         c["shape_error"] = None if own is None else (1 + c["error"]) / (1 + own) - 1
     out["cost_model"] = cost
-    out["fitted_ms"] = {kind: {rows: 1e3 * point[0] for rows, point in sorted(table.items()) if rows <= 64}
-                        for kind, table in measured.cost.points.items()}
+    out["fitted_ms"] = {kind: {rows: 1e3 * point[0] for rows, point in sorted(table.items())
+                               if rows <= 64} for kind, table in measured.cost.points.items()}
     out["acceptance"] = measured.profile.rates(max(len(measured.profile.tried), 2))[1:]
     return out
 
@@ -92,10 +108,12 @@ def markdown(section: dict) -> str:
             i = section[name]
             lines.append(f"- auto / {label}: throughput {i['value']:.3f} [{i['low']:.3f}, {i['high']:.3f}] "
                          "(95% paired bootstrap over prompts)")
-    lines += ["", "Cost model (what auto measured in this process) against every schedule's measured time per NFE:",
-              "", "| schedule | predicted ms/NFE | measured ms/NFE | error | error over auto's own (the curve's "
-              "shape) |", "|---|---|---|---|---|"]
-    lines += [f"| {c['schedule']} | {c['predicted_ms_per_nfe']:.3f} | {c['measured_ms_per_nfe']:.3f} | "
+    lines += ["", "Cost model (as auto had measured it just before each response) against every schedule's measured "
+              "time per NFE:",
+              "", "| schedule | responses | predicted ms/NFE | measured ms/NFE | error | error over auto's own (the "
+              "curve's shape) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['schedule']} | {c.get('responses', '-')} | {c['predicted_ms_per_nfe']:.3f} | "
+              f"{c['measured_ms_per_nfe']:.3f} | "
               f"{100 * c['error']:+.1f}% | {_percent(c.get('shape_error'))} |" for c in section["cost_model"]]
     for kind, table in section["fitted_ms"].items():
         if table:

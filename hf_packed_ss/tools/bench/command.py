@@ -238,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     # new length (its automatic dynamic shapes) does so before timing, as ours never needs to
     ends = [inputs[0]] + ([min(inputs, key=lambda x: x.shape[1]), max(inputs, key=lambda x: x.shape[1])]
                           if args.compile else [])
-    m = run_interleaved(decoder_for(model, settings), schedules, prompts, inputs, args.repeats, args.seed,
+    decode = decoder_for(model, settings)
+    if auto.AUTO in schedules:  # every response's time as the cost model predicted it just before the decode
+        decode = auto.forecasting(decode, model)
+    m = run_interleaved(decode, schedules, prompts, inputs, args.repeats, args.seed,
                         progress=not args.no_progress, warmup_inputs=ends)
     if m.interrupted:
         print("Interrupted: writing what was measured.")

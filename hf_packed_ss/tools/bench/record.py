@@ -21,6 +21,9 @@ class Record:
             width_per_iteration, schedule_per_iteration: each iteration's width and mode (what auto chose).
         compile_time_s: time of the calls that compiled a graph (ours, `+compile`); prompt_time_s: the prompt
             call's model time (ours), so the later calls' cost is (decoder_time_s - prompt_time_s) / (nfe - 1).
+        predicted_time_s: the decode's time as auto's cost model predicted it from what it had measured before
+            this decode began (the sum of every call's cost at its rows and the machine's speed then), None when
+            auto is not measured or a call's cost was unknown.
         compiled_graphs: graphs dynamo compiled during this decode (0 once warm: a recompile shows here).
         near_tie: for tokens that differ from `ar`'s, whether the first difference is a near-tie of the AR mode's
             own logits (float rounding of another row count or a compiled kernel can flip it; a bug would not
@@ -47,6 +50,7 @@ class Record:
     schedule_per_iteration: list[str] = field(default_factory=list)
     compile_time_s: float = 0.0
     prompt_time_s: float = 0.0
+    predicted_time_s: float | None = None
     compiled_graphs: int = 0
     near_tie: bool | None = None
     tokens: list[int] = field(default_factory=list)
