@@ -378,6 +378,7 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     monkeypatch.setattr(width, "time", clock)
     if not checks:
         monkeypatch.setattr(width, "NEIGHBOUR_EVERY", 10**9)
+        monkeypatch.setattr(width, "SWEEP_EVERY", 10**9)  # a sweep re-times the spread's widths too
     arms = []
     for i in range(1500):
         rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
@@ -388,6 +389,40 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
         assert min(late) >= 2 and sum(a > 4 for a in late) > 0.9 * len(late)
     else:
         assert set(late) <= {3, 4}
+
+
+@pytest.mark.parametrize("sweeps", [True, False])
+def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps):
+    """Wide drafts win by far, so AR and the narrow and widest widths are never played; their cost was timed on a
+    slow stretch (3x). Every `SWEEP_EVERY` calls a sweep times them again (a row count untimed for `STALE` calls
+    starts afresh): their cost follows the machine, and the incumbent keeps playing between sweeps."""
+    from hf_packed_ss.engine import cost as cost_module
+    from hf_packed_ss.engine import width
+
+    def true_cost(rows: int) -> float:
+        return 1.2 + 0.01 * rows
+
+    monkeypatch.setattr(width, "SWEEP_EVERY", 200 if sweeps else 10**9)
+    monkeypatch.setattr(cost_module, "STALE", 300)
+    chooser = WidthChooser(tuple(range(1, 9)), True, Measured())
+    chooser.start(ShiftedBlockLayout(0))
+    cost = chooser.measured.cost
+    cost.points[VERIFY] = {1: [3.0, 9.0]}
+    cost.points[DRAFT] = {r: [true_cost(r) * (3 if r in (3, 10, 11, 12, 13, 14, 15, 16, 17) else 1), 9.0]
+                          for r in range(3, 18)}
+    chooser.measured.profile.tried = [0.0] + [100.0] * 15
+    chooser.measured.profile.accepted = [0.0] + [60.0] * 15
+    chooser.queue, chooser.arm = [], 5
+    clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
+    monkeypatch.setattr(width, "time", clock)
+    arms = []
+    for i in range(1000):
+        rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
+        clock.now += true_cost(rows) if chooser.arm else 1.0
+        arms.append(chooser.choose(rows))
+    retimed = cost.predict(VERIFY, 1) == pytest.approx(1.0) and cost.predict(DRAFT, 3) == pytest.approx(true_cost(3))
+    assert retimed == sweeps
+    assert sum(a in (3, 4, 5, 6) for a in arms[-500:]) > 0.85 * 500  # the incumbent plays between sweeps
 
 
 def test_a_call_right_after_a_switch_is_not_timed(monkeypatch):

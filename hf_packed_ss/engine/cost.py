@@ -26,6 +26,7 @@ VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one w
 KINDS = (VERIFY, DRAFT)
 RECENT = 48  # a row count's cost is the median of its last RECENT calls (one call of this CPU ranges 2x: a short
 # window keeps the speed of the stretch it was last timed in for the rest of a run)
+STALE = 1024  # a row count not timed in this many calls starts its window afresh (the machine has moved since)
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
@@ -42,19 +43,26 @@ class CallCost:
 
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
+    timed: int = 0  # calls observed
+    last: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)  # `timed` at each row count's last call
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
         """One timed iteration. The first call of a row count in the process is not kept: it builds that
-        shape's templates and buffers, which its later calls reuse."""
+        shape's templates and buffers, which its later calls reuse. A row count not timed in the last `STALE`
+        calls starts its window again: what it cost on another stretch of the machine says little of now."""
         key = _key(rows)
+        self.timed += 1
+        last, self.last[kind, key] = self.last.get((kind, key)), self.timed
         if (kind, key) not in self.recent:
             self.recent[kind, key] = deque(maxlen=RECENT)
             if key not in self.points[kind]:
                 return
         times = self.recent[kind, key]
         point = self.points[kind].get(key)
-        if point is not None and not times:  # loaded from a file: its value is the first of the window
+        if last is not None and self.timed - last > STALE:
+            times.clear()
+        elif point is not None and not times:  # loaded from a file: its value is the first of the window
             times.append(point[0])
         times.append(seconds)
         self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]

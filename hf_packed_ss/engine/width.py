@@ -47,6 +47,10 @@ CLEAR = 1.2  # AR predicted this much faster than any draft: the next check come
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
 NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
+# timed calls between two sweeps: four calls at each arm of the exploration's spread (and AR) not played since the
+# last one. A row count timed once at the start of a process keeps the speed of that stretch of the machine (it
+# moves +-30% here from one ten-second stretch to the next) and misjudges its arm for good
+SWEEP_EVERY, SWEEP_CALLS = 512, 4
 SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
 # the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
@@ -187,6 +191,8 @@ class Measured:
     appended: dict = field(default_factory=dict, repr=False)
     chain: dict = field(default_factory=dict, repr=False)  # width -> the chain's tokens per call, last computed
     tallied: int = 0  # calls counted in `appended`
+    swept: int = 0  # `cost.timed` at the last sweep (or exploration)
+    played: dict = field(default_factory=dict, repr=False)  # arm -> `cost.timed` at its last timed call
 
 
 @lru_cache(maxsize=64)
@@ -230,17 +236,35 @@ class WidthChooser:
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
         return call_rows(self.layout, max(width, 1))
 
+    def spread(self) -> list[int]:
+        """The widths the cost model is measured at beyond the played ones: widest, middle, narrowest."""
+        return sorted({self.widths[-1], self.widths[len(self.widths) // 2], self.widths[0]}, reverse=True)
+
     def exploration(self) -> list[int]:
         """The calls that measure what the cost model lacks: four at each of a spread of widths (the first call
         also processes the prompt), and three AR calls (a row count's first call is not kept)."""
         cost, plan = self.measured.cost, []
-        spread = sorted({self.widths[-1], self.widths[len(self.widths) // 2], self.widths[0]}, reverse=True)
-        for w in spread:
+        for w in self.spread():
             if self.rows(w)[1][-1] not in cost.points[DRAFT]:
                 plan += [w] * 4
         if self.ar and self.rows(0)[0] not in cost.points[VERIFY]:
             plan += [0] * 3
+        if plan:
+            self.measured.swept = cost.timed
         return plan
+
+    def sweep(self, current: int) -> int:
+        """Instead of a decision: `SWEEP_CALLS` calls at each arm of the spread (and AR) not played since the last
+        sweep, then the decision after them weighs what they measured with `current` as the incumbent."""
+        measured = self.measured
+        since, measured.swept = measured.swept, measured.cost.timed
+        arms = self.spread() + ([0] if self.ar else [])
+        stale = [a for a in arms if a != current and measured.played.get(a, -1) < since]
+        plan = [a for a in stale for _ in range(SWEEP_CALLS)]
+        if not plan:
+            return self.decide()
+        self.queue, self.held = plan[1:], current
+        return plan[0]
 
     def best(self, arms: tuple[int, ...] | None = None) -> tuple[int, dict[int, float]]:
         """The arm predicted fastest and the predicted tokens per second of every arm whose cost is known, of
@@ -321,6 +345,7 @@ class WidthChooser:
         # tiny-nemotron-gsm8k), and the cost curve is what a width costs while it plays
         if self.tic is not None and last_rows is not None and self.previous == self.arm:
             self.measured.cost.observe(VERIFY if self.arm == 0 else DRAFT, last_rows, now - self.tic)
+            self.measured.played[self.arm] = self.measured.cost.timed
         self.previous = self.arm
         self.since += 1
         if self.arm is not None and self.arm < 2:  # AR, or Packed-SS at W = 1 (its one drafted position is verified
@@ -332,7 +357,10 @@ class WidthChooser:
             self.since, self.every = DECIDE_MOST, DECIDE_EVERY  # weigh what it measured at once
         elif self.arm is None or self.since >= self.every:
             due = self.arm and self.arm >= 2 and self.measured.unchecked >= NEIGHBOUR_EVERY
-            arm = self.neighbour(self.arm) if due else self.decide()
+            if self.arm is not None and self.measured.cost.timed - self.measured.swept >= SWEEP_EVERY:
+                arm = self.sweep(self.held if self.held is not None else self.arm)
+            else:
+                arm = self.neighbour(self.arm) if due else self.decide()
             self.every = min(2 * self.every, DECIDE_MOST) if arm == self.arm else DECIDE_EVERY
             self.arm = arm
             self.measured.centre, self.measured.every = (arm if self.held is None else self.held), self.every
