@@ -369,7 +369,7 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     cost = CallCost()
     cost.points[VERIFY] = {1: [1.0, 9.0]}
     cost.points[DRAFT] = {r: [true_cost(r) * (5 if r >= 10 else 1), 9.0] for r in range(3, 12)}
-    measured = Measured(cost=cost)
+    measured = Measured(cost=cost, sweep_every=10**9)  # no sweeps (they re-time the spread's widths too)
     measured.profile.tried, measured.profile.accepted = [0.0] + [100.0] * 15, [0.0] + [90.0] * 15
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
     chooser.start(ShiftedBlockLayout(0))
@@ -378,7 +378,6 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     monkeypatch.setattr(width, "time", clock)
     if not checks:
         monkeypatch.setattr(width, "NEIGHBOUR_EVERY", 10**9)
-        monkeypatch.setattr(width, "SWEEP_EVERY", 10**9)  # a sweep re-times the spread's widths too
     arms = []
     for i in range(1500):
         rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
@@ -402,6 +401,7 @@ def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps)
     def true_cost(rows: int) -> float:
         return 1.2 + 0.01 * rows
 
+    monkeypatch.setattr(width, "SWEEP_FIRST", 200 if sweeps else 10**9)
     monkeypatch.setattr(width, "SWEEP_EVERY", 200 if sweeps else 10**9)
     monkeypatch.setattr(cost_module, "STALE", 300)
     chooser = WidthChooser(tuple(range(1, 9)), True, Measured())

@@ -26,7 +26,7 @@ VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one w
 KINDS = (VERIFY, DRAFT)
 RECENT = 48  # a row count's cost is the median of its last RECENT calls (one call of this CPU ranges 2x: a short
 # window keeps the speed of the stretch it was last timed in for the rest of a run)
-STALE = 1024  # a row count not timed in this many calls starts its window afresh (the machine has moved since)
+STALE = 256  # a row count not timed in this many calls starts its window afresh (the machine has moved since)
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 

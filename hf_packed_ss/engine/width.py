@@ -28,6 +28,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from . import cost as call_cost
 from .contract import Plan, Proposal
 from .cost import DRAFT, VERIFY, CallCost
 from .layouts.mask import MaskBuffer
@@ -47,10 +48,11 @@ CLEAR = 1.2  # AR predicted this much faster than any draft: the next check come
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
 NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
-# timed calls between two sweeps: four calls at each arm of the exploration's spread (and AR) not played since the
-# last one. A row count timed once at the start of a process keeps the speed of that stretch of the machine (it
-# moves +-30% here from one ten-second stretch to the next) and misjudges its arm for good
-SWEEP_EVERY, SWEEP_CALLS = 512, 4
+# timed calls between two sweeps: four calls at each arm of the exploration's spread (and AR) not timed in the last
+# `cost.STALE` calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
+# machine (the first decode's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges
+# its arm for good. The first sweep comes SWEEP_FIRST calls after the exploration, each next one twice as late
+SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS = 128, 512, 4
 SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
 # the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
@@ -192,6 +194,7 @@ class Measured:
     chain: dict = field(default_factory=dict, repr=False)  # width -> the chain's tokens per call, last computed
     tallied: int = 0  # calls counted in `appended`
     swept: int = 0  # `cost.timed` at the last sweep (or exploration)
+    sweep_every: int = field(default_factory=lambda: SWEEP_FIRST)  # calls from it to the next
     played: dict = field(default_factory=dict, repr=False)  # arm -> `cost.timed` at its last timed call
 
 
@@ -256,10 +259,10 @@ class WidthChooser:
     def sweep(self, current: int) -> int:
         """Instead of a decision: `SWEEP_CALLS` calls at each arm of the spread (and AR) not played since the last
         sweep, then the decision after them weighs what they measured with `current` as the incumbent."""
-        measured = self.measured
-        since, measured.swept = measured.swept, measured.cost.timed
+        measured, now = self.measured, self.measured.cost.timed
+        measured.swept, measured.sweep_every = now, min(2 * measured.sweep_every, SWEEP_EVERY)
         arms = self.spread() + ([0] if self.ar else [])
-        stale = [a for a in arms if a != current and measured.played.get(a, -1) < since]
+        stale = [a for a in arms if a != current and now - measured.played.get(a, -call_cost.STALE) >= call_cost.STALE]
         plan = [a for a in stale for _ in range(SWEEP_CALLS)]
         if not plan:
             return self.decide()
@@ -357,7 +360,7 @@ class WidthChooser:
             self.since, self.every = DECIDE_MOST, DECIDE_EVERY  # weigh what it measured at once
         elif self.arm is None or self.since >= self.every:
             due = self.arm and self.arm >= 2 and self.measured.unchecked >= NEIGHBOUR_EVERY
-            if self.arm is not None and self.measured.cost.timed - self.measured.swept >= SWEEP_EVERY:
+            if self.arm is not None and self.measured.cost.timed - self.measured.swept >= self.measured.sweep_every:
                 arm = self.sweep(self.held if self.held is not None else self.arm)
             else:
                 arm = self.neighbour(self.arm) if due else self.decide()
