@@ -54,19 +54,22 @@ class CallCost:
         key = _key(rows)
         self.timed += 1
         last, self.last[kind, key] = self.last.get((kind, key)), self.timed
-        if (kind, key) not in self.recent:
-            self.recent[kind, key] = deque(maxlen=RECENT)
+        times = self.recent.get((kind, key))
+        if times is None:
+            times = self.recent[kind, key] = deque(maxlen=RECENT)
             if key not in self.points[kind]:
                 return
-        times = self.recent[kind, key]
-        point = self.points[kind].get(key)
         if last is not None and self.timed - last > STALE:
             times.clear()
-        elif point is not None and not times:  # loaded from a file: its value is the first of the window
-            times.append(point[0])
         times.append(seconds)
+        point = self.points[kind].get(key)
         self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]
         self._smooth.pop(kind, None)
+
+    def restart(self) -> None:
+        """Every row count's next call starts its window afresh (what was timed so far stands until then)."""
+        for times in self.recent.values():
+            times.clear()
 
     def measured(self, kind: str) -> list[int]:
         return sorted(self.points[kind])
@@ -141,7 +144,11 @@ class CallCost:
         if unknown:
             raise ValueError(f"A cost model holds the kinds {list(KINDS)}; this one has {unknown}: write it with "
                              "`hf-packed-ss probe --cost-model FILE`.")
-        return cls({k: {int(r): [float(p[0]), float(p[1])] for r, p in data.get(k, {}).items()} for k in KINDS})
+        cost = cls({k: {int(r): [float(p[0]), float(p[1])] for r, p in data.get(k, {}).items()} for k in KINDS})
+        for kind, table in cost.points.items():  # a file's value is the first of its row count's window
+            for rows, point in table.items():
+                cost.recent[kind, rows] = deque([point[0]], maxlen=RECENT)
+        return cost
 
     def save(self, path: str | Path, key: tuple = ()) -> None:
         Path(path).write_text(json.dumps({"key": [str(x) for x in key], **self.to_dict()}, indent=1))

@@ -195,6 +195,7 @@ class Measured:
     tallied: int = 0  # calls counted in `appended`
     swept: int = 0  # `cost.timed` at the last sweep (or exploration)
     sweep_every: int = field(default_factory=lambda: SWEEP_FIRST)  # calls from it to the next
+    sweeps: int = 0
     played: dict = field(default_factory=dict, repr=False)  # arm -> `cost.timed` at its last timed call
 
 
@@ -260,9 +261,14 @@ class WidthChooser:
         """Instead of a decision: `SWEEP_CALLS` calls at each arm of the spread (and AR) not played since the last
         sweep, then the decision after them weighs what they measured with `current` as the incumbent."""
         measured, now = self.measured, self.measured.cost.timed
+        first = not measured.sweeps  # what the exploration timed (a cold process) is redone
         measured.swept, measured.sweep_every = now, min(2 * measured.sweep_every, SWEEP_EVERY)
+        measured.sweeps += 1
+        if first:
+            measured.cost.restart()
         arms = self.spread() + ([0] if self.ar else [])
-        stale = [a for a in arms if a != current and now - measured.played.get(a, -call_cost.STALE) >= call_cost.STALE]
+        stale = [a for a in arms if a != current
+                 and (first or now - measured.played.get(a, -call_cost.STALE) >= call_cost.STALE)]
         plan = [a for a in stale for _ in range(SWEEP_CALLS)]
         if not plan:
             return self.decide()
