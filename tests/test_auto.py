@@ -393,9 +393,8 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
 @pytest.mark.parametrize("sweeps", [True, False])
 def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps):
     """Wide drafts win by far, so AR and the narrow and widest widths are never played; their cost was timed on a
-    slow stretch (3x). Every `SWEEP_EVERY` calls a sweep times them again (a row count untimed for `STALE` calls
-    starts afresh): their cost follows the machine, and the incumbent keeps playing between sweeps."""
-    from hf_packed_ss.engine import cost as cost_module
+    slow stretch (3x). Sweeps time them again (the first restarts every row count's window): their cost follows
+    the machine, and the incumbent keeps playing between sweeps."""
     from hf_packed_ss.engine import width
 
     def true_cost(rows: int) -> float:
@@ -403,7 +402,6 @@ def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps)
 
     monkeypatch.setattr(width, "SWEEP_FIRST", 200 if sweeps else 10**9)
     monkeypatch.setattr(width, "SWEEP_EVERY", 200 if sweeps else 10**9)
-    monkeypatch.setattr(cost_module, "STALE", 300)
     chooser = WidthChooser(tuple(range(1, 9)), True, Measured())
     chooser.start(ShiftedBlockLayout(0))
     cost = chooser.measured.cost

@@ -26,7 +26,6 @@ VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one w
 KINDS = (VERIFY, DRAFT)
 RECENT = 48  # a row count's cost is the median of its last RECENT calls (one call of this CPU ranges 2x: a short
 # window keeps the speed of the stretch it was last timed in for the rest of a run)
-STALE = 256  # a row count not timed in this many calls starts its window afresh (the machine has moved since)
 EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
@@ -44,23 +43,18 @@ class CallCost:
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
     timed: int = 0  # calls observed
-    last: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)  # `timed` at each row count's last call
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
         """One timed iteration. The first call of a row count in the process is not kept: it builds that
-        shape's templates and buffers, which its later calls reuse. A row count not timed in the last `STALE`
-        calls starts its window again: what it cost on another stretch of the machine says little of now."""
+        shape's templates and buffers, which its later calls reuse."""
         key = _key(rows)
         self.timed += 1
-        last, self.last[kind, key] = self.last.get((kind, key)), self.timed
         times = self.recent.get((kind, key))
         if times is None:
             times = self.recent[kind, key] = deque(maxlen=RECENT)
             if key not in self.points[kind]:
                 return
-        if last is not None and self.timed - last > STALE:
-            times.clear()
         times.append(seconds)
         point = self.points[kind].get(key)
         self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]

@@ -28,7 +28,6 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from . import cost as call_cost
 from .contract import Plan, Proposal
 from .cost import DRAFT, VERIFY, CallCost
 from .layouts.mask import MaskBuffer
@@ -49,10 +48,12 @@ CLEAR = 1.2  # AR predicted this much faster than any draft: the next check come
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
 NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
 # timed calls between two sweeps: four calls at each arm of the exploration's spread (and AR) not timed in the last
-# `cost.STALE` calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
-# machine (the first decode's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges
-# its arm for good. The first sweep comes SWEEP_FIRST calls after the exploration, each next one twice as late
-SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS = 128, 512, 4
+# UNPLAYED calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
+# machine (a cold process's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges its
+# arm for good; timed on several stretches, its median is the machine's usual. The first sweep comes SWEEP_FIRST
+# calls after the exploration (and restarts every row count's window: the exploration ran cold), each next one
+# twice as late, up to SWEEP_EVERY
+SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS, UNPLAYED = 128, 512, 4, 256
 SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
 # the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
@@ -268,7 +269,7 @@ class WidthChooser:
             measured.cost.restart()
         arms = self.spread() + ([0] if self.ar else [])
         stale = [a for a in arms if a != current
-                 and (first or now - measured.played.get(a, -call_cost.STALE) >= call_cost.STALE)]
+                 and (first or now - measured.played.get(a, -UNPLAYED) >= UNPLAYED)]
         plan = [a for a in stale for _ in range(SWEEP_CALLS)]
         if not plan:
             return self.decide()
