@@ -43,6 +43,7 @@ class CallCost:
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
     timed: int = 0  # calls observed
+    ordered: dict[tuple[str, int], list] = field(default_factory=dict, repr=False)
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
@@ -55,15 +56,20 @@ class CallCost:
             times = self.recent[kind, key] = deque(maxlen=RECENT)
             if key not in self.points[kind]:
                 return
+        ordered = self.ordered.setdefault((kind, key), sorted(times))  # the window, sorted: its median at hand
+        if len(times) == times.maxlen:
+            del ordered[bisect.bisect_left(ordered, times[0])]
         times.append(seconds)
+        bisect.insort(ordered, seconds)
         point = self.points[kind].get(key)
-        self.points[kind][key] = [sorted(times)[(len(times) - 1) // 2], (point[1] if point else 0.0) + 1]
+        self.points[kind][key] = [ordered[(len(ordered) - 1) // 2], (point[1] if point else 0.0) + 1]
         self._smooth.pop(kind, None)
 
     def restart(self) -> None:
         """Every row count's next call starts its window afresh (what was timed so far stands until then)."""
         for times in self.recent.values():
             times.clear()
+        self.ordered.clear()
 
     def measured(self, kind: str) -> list[int]:
         return sorted(self.points[kind])

@@ -38,7 +38,7 @@ STRENGTH = 1.0  # pseudo-observations of that prior
 FORGET = 0.99  # each observation at an offset discounts the older ones there (~100 kept: the rates' noise, not
 FADE = 0.998  # their drift, is what misleads), and each verification all of them a little (evidence nothing
 # refreshes returns to the prior)
-DECIDE_EVERY, DECIDE_MOST = 8, 32  # calls between two decisions: doubled while the choice holds, reset when it moves
+DECIDE_EVERY, DECIDE_MOST = 8, 64  # calls between two decisions: doubled while the choice holds, reset when it moves
 MARGIN = 1.08  # switch only to an arm predicted this much faster (near the optimum the predictions are flat and
 # noisy: every switch cuts or starves a draft)
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
@@ -46,8 +46,8 @@ PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
-NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 96, 4
-# timed calls between two sweeps: four calls at each arm of the exploration's spread (and AR) not timed in the last
+NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 192, 4
+# timed calls between two sweeps: a few calls at the middle width and AR where they were not timed in the last
 # UNPLAYED calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
 # machine (a cold process's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges its
 # arm for good; timed on several stretches, its median is the machine's usual. The first sweep comes SWEEP_FIRST
@@ -259,18 +259,21 @@ class WidthChooser:
         return plan
 
     def sweep(self, current: int) -> int:
-        """Instead of a decision: `SWEEP_CALLS` calls at each arm of the spread (and AR) not played since the last
-        sweep, then the decision after them weighs what they measured with `current` as the incumbent."""
+        """Instead of a decision: `SWEEP_CALLS` calls at the middle width and AR where they were untimed for
+        `UNPLAYED` calls, then the decision after them weighs what they measured with `current` as the incumbent."""
         measured, now = self.measured, self.measured.cost.timed
         first = not measured.sweeps  # what the exploration timed (a cold process) is redone
         measured.swept, measured.sweep_every = now, min(2 * measured.sweep_every, SWEEP_EVERY)
         measured.sweeps += 1
         if first:
             measured.cost.restart()
-        arms = self.spread() + ([0] if self.ar else [])
+        # the middle of the spread and AR (the widest costs most and rarely matters; AR calls are cheap: a few more
+        # of them), and W = 1 where it is an arm (with AR allowed it never plays)
+        middle = self.widths[len(self.widths) // 2]
+        arms = [w for w in (middle, self.widths[0]) if w in self.arms] + ([0] if self.ar else [])
         stale = [a for a in arms if a != current
                  and (first or now - measured.played.get(a, -UNPLAYED) >= UNPLAYED)]
-        plan = [a for a in stale for _ in range(SWEEP_CALLS)]
+        plan = [a for a in stale for _ in range(SWEEP_CALLS + (2 if a == 0 else 0))]
         if not plan:
             return self.decide()
         self.queue, self.held = plan[1:], current
