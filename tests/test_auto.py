@@ -379,11 +379,11 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     if not checks:
         monkeypatch.setattr(width, "NEIGHBOUR_EVERY", 10**9)
     arms = []
-    for i in range(1500):
+    for i in range(3000):
         rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
         clock.now += true_cost(rows) if chooser.arm else 1.0
         arms.append(chooser.choose(rows))
-    late = arms[-500:]
+    late = arms[-1000:]
     if checks:
         assert min(late) >= 2 and sum(a > 4 for a in late) > 0.9 * len(late)
     else:
@@ -462,7 +462,7 @@ def test_a_decision_weighs_the_arms_near_the_incumbent_and_a_decode_starts_where
 def test_a_cold_chooser_measures_a_spread_of_widths_first():
     chooser = WidthChooser(tuple(range(1, 16)), True, Measured())
     chooser.start(ShiftedBlockLayout(0))
-    assert chooser.queue == [15] * 4 + [8] * 4 + [1] * 4 + [0] * 3
+    assert chooser.queue == [15] * 5 + [8] * 5 + [1] * 5 + [0] * 4
 
 
 # --- the front ---------------------------------------------------------------------------------------------------

@@ -42,18 +42,19 @@ DECIDE_EVERY, DECIDE_MOST = 8, 64  # calls between two decisions: doubled while 
 MARGIN = 1.08  # switch only to an arm predicted this much faster (near the optimum the predictions are flat and
 # noisy: every switch cuts or starves a draft)
 PROBE_FIRST, PROBE_MOST = 16, 512  # AR calls before checking a draft again (doubled while AR keeps winning)
+WARM = 2  # calls after a switch that are not timed
 PROBE_CALLS = 3  # a check: one call drafts, the next ones verify
 CLEAR = 1.2  # AR predicted this much faster than any draft: the next check comes 4x (not 2x) later
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
-NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 192, 4
+NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 192, 5
 # timed calls between two sweeps: a few calls at the middle width and AR where they were not timed in the last
 # UNPLAYED calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
 # machine (a cold process's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges its
 # arm for good; timed on several stretches, its median is the machine's usual. The first sweep comes SWEEP_FIRST
 # calls after the exploration (and restarts every row count's window: the exploration ran cold), each next one
 # twice as late, up to SWEEP_EVERY
-SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS, UNPLAYED = 128, 512, 4, 256
+SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS, UNPLAYED = 128, 512, 5, 256
 SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
 # the chain's tokens per call are calibrated by what calls appended over what it expected of them: at a width with
@@ -216,6 +217,7 @@ class WidthChooser:
         self.drafting = tuple(a for a in self.arms if a)
         self.arm: int | None = None
         self.previous: int | None = None  # the arm of the call before the last one
+        self.run = 0
         self.queue: list[int] = []
         self.tic: float | None = None
         self.since = 0  # calls since the last decision
@@ -227,7 +229,7 @@ class WidthChooser:
         """Before a decode's first call."""
         self.layout = layout
         self.arm, self.tic, self.since, self.every, self.held = None, None, 0, DECIDE_EVERY, None
-        self.previous = None
+        self.previous, self.run = None, 0
         if self.measured.centre in self.arms:  # no decision before the first call (each costs ~0.5 ms in place)
             self.arm, self.every = self.measured.centre, self.measured.every
         self.fresh = True  # the decode's first decision: the arm it starts with is no incumbent
@@ -246,14 +248,15 @@ class WidthChooser:
         return sorted({self.widths[-1], self.widths[len(self.widths) // 2], self.widths[0]}, reverse=True)
 
     def exploration(self) -> list[int]:
-        """The calls that measure what the cost model lacks: four at each of a spread of widths (the first call
-        also processes the prompt), and three AR calls (a row count's first call is not kept)."""
+        """The calls that measure what the cost model lacks: five at each of a spread of widths (the first call
+        also processes the prompt) and four AR calls, the first `WARM` of each untimed (and a row count's first
+        timed call is not kept)."""
         cost, plan = self.measured.cost, []
         for w in self.spread():
             if self.rows(w)[1][-1] not in cost.points[DRAFT]:
-                plan += [w] * 4
+                plan += [w] * (WARM + 3)
         if self.ar and self.rows(0)[0] not in cost.points[VERIFY]:
-            plan += [0] * 3
+            plan += [0] * (WARM + 2)
         if plan:
             self.measured.swept = cost.timed
         return plan
@@ -354,9 +357,11 @@ class WidthChooser:
     def choose(self, last_rows: int | None) -> int:
         """The arm of the next call; `last_rows`: the rows of the call made since the last `choose`."""
         now = time.perf_counter()
-        # a call right after a switch is not timed: it meets shapes and a draft of another width (3-5% dearer on
-        # tiny-nemotron-gsm8k), and the cost curve is what a width costs while it plays
-        if self.tic is not None and last_rows is not None and self.previous == self.arm:
+        # the first WARM calls after a switch are not timed: they meet shapes and a draft of another width (an AR
+        # call after drafting ones costs 5-9% more for two calls on tiny-nemotron-gsm8k), and the cost curve is what
+        # a width costs while it plays
+        self.run = self.run + 1 if self.previous == self.arm else 0  # the last call's place in its arm's run
+        if self.tic is not None and last_rows is not None and self.run >= WARM:
             self.measured.cost.observe(VERIFY if self.arm == 0 else DRAFT, last_rows, now - self.tic)
             self.measured.played[self.arm] = self.measured.cost.timed
         self.previous = self.arm
