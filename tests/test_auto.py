@@ -244,6 +244,9 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     cost.observe(DRAFT, 8, 1.0)  # cheaper than 4 rows: noise, pooled with its neighbour (non-decreasing)
     assert cost.predict(DRAFT, 4) == cost.predict(DRAFT, 8) < 2.0 < cost.predict(DRAFT, 12)
     assert cost.predict_many(DRAFT, rows).tolist() == pytest.approx([cost.predict(DRAFT, int(r)) for r in rows])
+    cost.observe(DRAFT, 100, 9.0)
+    cost.observe(DRAFT, 100, 7.0)  # a drafting decode's prompt call
+    assert cost.predict(VERIFY, 100) == 7.0  # AR timed none: a prompt costs its rows, whichever the kind
     path = tmp_path / "cost.json"
     cost.save(path, key=("model", "cpu"))
     assert CallCost.load(path).points == cost.points

@@ -56,7 +56,9 @@ class CallCost:
             times = self.recent[kind, key] = deque(maxlen=RECENT)
             if key not in self.points[kind]:
                 return
-        ordered = self.ordered.setdefault((kind, key), sorted(times))  # the window, sorted: its median at hand
+        ordered = self.ordered.get((kind, key))  # the window, sorted: its median at hand
+        if ordered is None:
+            ordered = self.ordered[kind, key] = sorted(times)
         if len(times) == times.maxlen:
             del ordered[bisect.bisect_left(ordered, times[0])]
         times.append(seconds)
@@ -99,8 +101,14 @@ class CallCost:
 
     def predict(self, kind: str, rows: int) -> float | None:
         """Seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python (it runs
-        between two model calls, where a few numpy calls on cold caches cost more than the arithmetic)."""
+        between two model calls, where a few numpy calls on cold caches cost more than the arithmetic). A prompt
+        call (past `EXACT` rows) is read off the other kind's prompt calls where this kind timed none: the prompt's
+        rows are most of its cost, whichever the kind."""
         xs, ys, _ = self._smoothed(kind)
+        if rows > EXACT and (not xs or xs[-1] <= EXACT):
+            other = self._smoothed(DRAFT if kind == VERIFY else VERIFY)
+            if other[0] and other[0][-1] > EXACT:
+                xs, ys = other[0], other[1]
         if not xs:
             return None
         rows = _key(rows)
