@@ -67,11 +67,16 @@ class CallCost:
         self.points[kind][key] = [ordered[(len(ordered) - 1) // 2], (point[1] if point else 0.0) + 1]
         self._smooth.pop(kind, None)
 
-    def restart(self) -> None:
-        """Every row count's next call starts its window afresh (what was timed so far stands until then)."""
+    def restart(self, keep: dict[str, set[int]]) -> None:
+        """What was timed so far was timed cold: every row count's next call starts its window afresh, and the
+        row counts of neither `keep` (those about to be timed again) nor prompts are forgotten."""
         for times in self.recent.values():
             times.clear()
         self.ordered.clear()
+        for kind, table in self.points.items():
+            for rows in [r for r in table if r <= EXACT and r not in keep.get(kind, ())]:
+                del table[rows]
+        self._smooth.clear()
 
     def measured(self, kind: str) -> list[int]:
         return sorted(self.points[kind])

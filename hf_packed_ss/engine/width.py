@@ -48,12 +48,12 @@ CLEAR = 1.2  # AR predicted this much faster than any draft: the next check come
 # calls at a drafting width before a neighbouring arm is timed for a few calls (one side, then the other): a row
 # count measured on a slow stretch of the machine, or never played, would otherwise keep its width out for good
 NEIGHBOUR_EVERY, NEIGHBOUR_CALLS = 192, 5
-# timed calls between two sweeps: a few calls at the middle width and AR where they were not timed in the last
-# UNPLAYED calls. A row count timed only at the start of a process keeps what it cost on that stretch of the
-# machine (a cold process's calls can cost 2x; the speed moves +-30% between ten-second stretches) and misjudges its
-# arm for good; timed on several stretches, its median is the machine's usual. The first sweep comes SWEEP_FIRST
-# calls after the exploration (and restarts every row count's window: the exploration ran cold), each next one
-# twice as late, up to SWEEP_EVERY
+# timed calls between two sweeps: a few calls at the middle width, the narrowest drafting arm and AR where they
+# were not timed in the last UNPLAYED calls. A row count timed only at the start of a process keeps what it cost on
+# that stretch of the machine (a cold process's calls can cost 2x; the speed moves +-30% between ten-second
+# stretches) and misjudges its arm for good; timed on several stretches, its median is the machine's usual. The
+# first sweep comes SWEEP_FIRST calls after the exploration (and drops what the exploration timed: it ran cold),
+# each next one twice as late, up to SWEEP_EVERY
 SWEEP_FIRST, SWEEP_EVERY, SWEEP_CALLS, UNPLAYED = 128, 512, 5, 256
 SPAN = 2  # a decision weighs the arms within SPAN of the incumbent (and AR)
 _VERSIONS = itertools.count()  # acceptance profile versions
@@ -252,6 +252,8 @@ class WidthChooser:
         also processes the prompt) and four AR calls, the first `WARM` of each untimed (and a row count's first
         timed call is not kept)."""
         cost, plan = self.measured.cost, []
+        if self.measured.sweeps:  # the sweeps keep the cost model now (the first dropped what this timed)
+            return plan
         for w in self.spread():
             if self.rows(w)[1][-1] not in cost.points[DRAFT]:
                 plan += [w] * (WARM + 3)
@@ -262,18 +264,20 @@ class WidthChooser:
         return plan
 
     def sweep(self, current: int) -> int:
-        """Instead of a decision: `SWEEP_CALLS` calls at the middle width and AR where they were untimed for
-        `UNPLAYED` calls, then the decision after them weighs what they measured with `current` as the incumbent."""
+        """Instead of a decision: `SWEEP_CALLS` calls at the middle width, the narrowest drafting arm and AR where
+        they were untimed for `UNPLAYED` calls, then the decision after them weighs what they measured with
+        `current` as the incumbent. The first sweep drops all the exploration timed (a cold process)."""
         measured, now = self.measured, self.measured.cost.timed
         first = not measured.sweeps  # what the exploration timed (a cold process) is redone
         measured.swept, measured.sweep_every = now, min(2 * measured.sweep_every, SWEEP_EVERY)
         measured.sweeps += 1
-        if first:
-            measured.cost.restart()
-        # the middle of the spread and AR (the widest costs most and rarely matters; AR calls are cheap: a few more
-        # of them), and W = 1 where it is an arm (with AR allowed it never plays)
+        # the middle width, the narrowest drafting arm and AR (the widest costs most and rarely matters; AR calls are
+        # cheap: a few more of them)
         middle = self.widths[len(self.widths) // 2]
-        arms = [w for w in (middle, self.widths[0]) if w in self.arms] + ([0] if self.ar else [])
+        arms = sorted({middle, self.drafting[0]} & set(self.arms), reverse=True) + ([0] if self.ar else [])
+        if first:
+            timed = [a for a in arms + [current] if a]
+            measured.cost.restart({VERIFY: {self.rows(0)[0]}, DRAFT: {r for a in timed for r in self.rows(a)[1]}})
         stale = [a for a in arms if a != current
                  and (first or now - measured.played.get(a, -UNPLAYED) >= UNPLAYED)]
         plan = [a for a in stale for _ in range(SWEEP_CALLS + (2 if a == 0 else 0))]
