@@ -266,7 +266,8 @@ class WidthChooser:
     def sweep(self, current: int) -> int:
         """Instead of a decision: `SWEEP_CALLS` calls at the middle width, the narrowest drafting arm and AR where
         they were untimed for `UNPLAYED` calls, then the decision after them weighs what they measured with
-        `current` as the incumbent. The first sweep drops all the exploration timed (a cold process)."""
+        `current` as the incumbent. The first sweep restarts the cost model's windows and forgets the row counts
+        it will not time again: the exploration timed them in a cold process."""
         measured, now = self.measured, self.measured.cost.timed
         first = not measured.sweeps  # what the exploration timed (a cold process) is redone
         measured.swept, measured.sweep_every = now, min(2 * measured.sweep_every, SWEEP_EVERY)
@@ -274,7 +275,7 @@ class WidthChooser:
         # the middle width, the narrowest drafting arm and AR (the widest costs most and rarely matters; AR calls are
         # cheap: a few more of them)
         middle = self.widths[len(self.widths) // 2]
-        arms = sorted({middle, self.drafting[0]} & set(self.arms), reverse=True) + ([0] if self.ar else [])
+        arms = sorted({middle, *self.drafting[:1]} & set(self.arms), reverse=True) + ([0] if self.ar else [])
         if first:
             timed = [a for a in arms + [current] if a]
             measured.cost.restart({VERIFY: {self.rows(0)[0]}, DRAFT: {r for a in timed for r in self.rows(a)[1]}})
