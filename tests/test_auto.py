@@ -233,7 +233,8 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     assert cost.predict(DRAFT, 8) == pytest.approx(3.0)  # linear between 4 and 12 rows
     assert cost.predict(DRAFT, 16) == pytest.approx(5.0)  # the last segment's slope beyond
     assert cost.predict(DRAFT, 1) == pytest.approx(1.25)  # and before, never below half the nearest point
-    rows = np.array([1, 2, 4, 5, 8, 12, 13, 40, 64, 65, 80, 200])  # the scalar path is the batched one
+    rows = np.array([1, 2, 4, 5, 8, 12, 13, 40, 64])  # the scalar path is the batched one (decoding calls)
+    assert cost.predict(DRAFT, 100) is None  # no prompt call timed yet
     assert cost.predict_many(DRAFT, rows).tolist() == pytest.approx([cost.predict(DRAFT, int(r)) for r in rows])
     for _ in range(4):
         cost.observe(DRAFT, 4, 2.0)
@@ -244,9 +245,10 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     cost.observe(DRAFT, 8, 1.0)  # cheaper than 4 rows: noise, pooled with its neighbour (non-decreasing)
     assert cost.predict(DRAFT, 4) == cost.predict(DRAFT, 8) < 2.0 < cost.predict(DRAFT, 12)
     assert cost.predict_many(DRAFT, rows).tolist() == pytest.approx([cost.predict(DRAFT, int(r)) for r in rows])
-    cost.observe(DRAFT, 100, 9.0)
-    cost.observe(DRAFT, 100, 7.0)  # a drafting decode's prompt call
+    cost.observe(DRAFT, 100, 7.0)  # a drafting decode's prompt call: kept (a prompt's length comes once)
     assert cost.predict(VERIFY, 100) == 7.0  # AR timed none: a prompt costs its rows, whichever the kind
+    cost.observe(VERIFY, 200, 13.0)
+    assert cost.predict(DRAFT, 150) == pytest.approx(10.0)  # linear between the prompts timed (buckets 96, 192)
     path = tmp_path / "cost.json"
     cost.save(path, key=("model", "cpu"))
     assert CallCost.load(path).points == cost.points

@@ -34,6 +34,22 @@ def _key(rows: int) -> int:
     return rows if rows <= EXACT else rows - rows % BUCKET
 
 
+def _interpolate(xs: list[int], ys: list[float], rows: int) -> float | None:
+    """ys at `rows`: linear between the nearest xs, the end segment's slope beyond them (never below half the
+    nearest point); None without points."""
+    if not xs:
+        return None
+    rows = _key(rows)
+    i = bisect.bisect_left(xs, rows)
+    if len(xs) == 1 or (i < len(xs) and xs[i] == rows):
+        return ys[min(i, len(xs) - 1)]
+    if 0 < i < len(xs):
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+    end, near = (0, 1) if i == 0 else (-1, -2)
+    slope = (ys[end] - ys[near]) / (xs[end] - xs[near])
+    return max(ys[end] + slope * (rows - xs[end]), 0.5 * ys[end])
+
+
 @dataclass
 class CallCost:
     """Seconds per iteration by call kind and row count: ``points[kind][rows] = [seconds, calls]``, seconds the
@@ -47,14 +63,14 @@ class CallCost:
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
     def observe(self, kind: str, rows: int, seconds: float) -> None:
-        """One timed iteration. The first call of a row count in the process is not kept: it builds that
+        """One timed iteration. The first call of a decoding row count in the process is not kept: it builds that
         shape's templates and buffers, which its later calls reuse."""
         key = _key(rows)
         self.timed += 1
         times = self.recent.get((kind, key))
         if times is None:
             times = self.recent[kind, key] = deque(maxlen=RECENT)
-            if key not in self.points[kind]:
+            if key not in self.points[kind] and key <= EXACT:  # a prompt's length comes once: its call is kept
                 return
         ordered = self.ordered.get((kind, key))  # the window, sorted: its median at hand
         if ordered is None:
@@ -107,24 +123,20 @@ class CallCost:
     def predict(self, kind: str, rows: int) -> float | None:
         """Seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python (it runs
         between two model calls, where a few numpy calls on cold caches cost more than the arithmetic). A prompt
-        call (past `EXACT` rows) is read off the other kind's prompt calls where this kind timed none: the prompt's
-        rows are most of its cost, whichever the kind."""
-        xs, ys, _ = self._smoothed(kind)
-        if rows > EXACT and (not xs or xs[-1] <= EXACT):
-            other = self._smoothed(DRAFT if kind == VERIFY else VERIFY)
-            if other[0] and other[0][-1] > EXACT:
-                xs, ys = other[0], other[1]
-        if not xs:
-            return None
-        rows = _key(rows)
-        i = bisect.bisect_left(xs, rows)
-        if len(xs) == 1 or (i < len(xs) and xs[i] == rows):
-            return ys[min(i, len(xs) - 1)]
-        if 0 < i < len(xs):
-            return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
-        end, near = (0, 1) if i == 0 else (-1, -2)
-        slope = (ys[end] - ys[near]) / (xs[end] - xs[near])
-        return max(ys[end] + slope * (rows - xs[end]), 0.5 * ys[end])
+        call (past `EXACT` rows) is read off the prompt calls of both kinds (its rows are most of its cost,
+        whichever the kind), linear in rows; None before any was timed."""
+        if rows > EXACT:
+            return self._prompt(_key(rows))
+        return _interpolate(*self._smoothed(kind)[:2], rows)
+
+    def _prompt(self, rows: int) -> float | None:
+        pooled: dict[int, list[float]] = {}
+        for table in self.points.values():
+            for r, point in table.items():
+                if r > EXACT:
+                    pooled.setdefault(r, []).append(point[0])
+        xs = sorted(pooled)
+        return _interpolate(xs, [sum(pooled[x]) / len(pooled[x]) for x in xs], rows)
 
     def predict_many(self, kind: str, rows: np.ndarray) -> np.ndarray | None:
         """Seconds per iteration for each row count in `rows`: the smoothed measured cost (`curve`), linear
