@@ -248,7 +248,9 @@ def test_call_cost_interpolates_between_measured_rows_and_keeps_kinds_apart(tmp_
     cost.observe(DRAFT, 100, 7.0)  # a drafting decode's prompt call: kept (a prompt's length comes once)
     assert cost.predict(VERIFY, 100) == 7.0  # AR timed none: a prompt costs its rows, whichever the kind
     cost.observe(VERIFY, 200, 13.0)
-    assert cost.predict(DRAFT, 150) == pytest.approx(10.0)  # linear between the prompts timed (buckets 96, 192)
+    assert cost.predict(DRAFT, 150) == pytest.approx(7.0 + 6.0 * 48 / 96)  # linear between the prompts timed
+    assert cost.predict(DRAFT, 70) is not None  # a prompt of 65..80 rows: a prompt's key, not 64's
+    assert cost.predict(DRAFT, 64) == cost.predict_many(DRAFT, np.array([64]))[0]
     path = tmp_path / "cost.json"
     cost.save(path, key=("model", "cpu"))
     assert CallCost.load(path).points == cost.points

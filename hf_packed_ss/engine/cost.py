@@ -31,7 +31,8 @@ _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for 
 
 
 def _key(rows: int) -> int:
-    return rows if rows <= EXACT else rows - rows % BUCKET
+    """Row counts past EXACT share a key (above EXACT, so a prompt never lands on a decoding row count)."""
+    return rows if rows <= EXACT else EXACT + 1 + (rows - EXACT - 1) // BUCKET * BUCKET
 
 
 def _interpolate(xs: list[int], ys: list[float], rows: int) -> float | None:
@@ -146,7 +147,7 @@ class CallCost:
         if not xs:
             return None
         x, y = np.asarray(xs, dtype=float), np.asarray(ys)
-        rows = np.where(rows > EXACT, rows - rows % BUCKET, rows)  # `_key` of each
+        rows = np.where(rows > EXACT, EXACT + 1 + (rows - EXACT - 1) // BUCKET * BUCKET, rows)  # `_key` of each
         if len(xs) == 1:
             return np.full(rows.shape, y[0])
         value = np.interp(rows, x, y)

@@ -232,6 +232,7 @@ class WidthChooser:
         self.previous, self.run = None, 0
         if self.measured.centre in self.arms:  # no decision before the first call (each costs ~0.5 ms in place)
             self.arm, self.every = self.measured.centre, self.measured.every
+            self.previous, self.run = self.arm, WARM - 1  # no switch: the prompt call is timed
         self.fresh = True  # the decode's first decision: the arm it starts with is no incumbent
         # rows of each drafting arm's call by the draft it finds (padded past W, where the chain holds no mass)
         self.draft_rows = np.ones((len(self.drafting), max(self.drafting, default=1)), dtype=np.int64)
