@@ -384,12 +384,15 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert sum(section["choices"].values()) == pytest.approx(1.0) and section["best_fixed"] in ("ar", "packed_ss")
     best = section["vs_best"]
     assert best["low"] <= best["value"] <= best["high"] and "vs_stock" in section
-    assert {c["schedule"] for c in section["cost_model"]} >= {"packed_ss", "auto"}  # 8 tokens: AR maybe untimed
+    # 8 tokens end each decode inside auto's exploration, so AR is not timed before these decodes: what cannot be
+    # forecast is left out, what can is (the packed_ss decode of the second prompt, its rows timed by then)
+    assert "packed_ss" in {c["schedule"] for c in section["cost_model"]}
     predicted = {r["schedule"]: r["predicted_time_s"] for r in results["records"]}  # forecast before each decode
     assert predicted["stock"] is None and predicted["packed_ss"] > 0
-    own = next(c for c in section["cost_model"] if c["schedule"] == "auto")
-    assert own["shape_error"] == pytest.approx(0.0) and all(  # the run's speed taken out: auto's own is exact
-        c["shape_error"] == pytest.approx((1 + c["error"]) / (1 + own["error"]) - 1) for c in section["cost_model"])
+    own = next((c for c in section["cost_model"] if c["schedule"] == "auto"), None)
+    assert all(c["shape_error"] is None if own is None else  # auto's own error divided out
+               c["shape_error"] == pytest.approx((1 + c["error"]) / (1 + own["error"]) - 1)
+               for c in section["cost_model"])
     assert "## auto: the width and mode chosen per call" in report
     for png in ("ratios.png", "timing.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
