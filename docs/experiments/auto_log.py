@@ -56,12 +56,13 @@ def log(path: str, argv: list[str]) -> int:
     return code
 
 
-def replay(entries: list, recent: int, warm: int = 8) -> dict[str, float]:
+def replay(entries: list, recent: int) -> dict[str, float]:
     """Each schedule's forecast error (predicted over measured decoder time, minus 1) for the decodes after the
-    first `warm` (the bench's warm-up, one per schedule)."""
+    bench's warm-up (one per schedule)."""
     from hf_packed_ss.engine import cost
 
     cost.RECENT = recent
+    warm = len({e[2] for e in entries if e[0] == "dec"})
     model, totals, seen = cost.CallCost(), {}, 0
     for entry in sorted(entries, key=lambda e: (e[1], e[0] == "obs")):  # a decode before its own calls
         if entry[0] == "obs":
