@@ -6,6 +6,8 @@ the median of its recent calls. Between measured row counts the cost, made non-d
 interpolated piecewise linearly, so a cheaper path for 1-row calls, or a step where a kernel changes, is
 followed instead of being averaged into one straight line.
 Calls that ask the drafter and calls that do not are kept apart: on a LoRA drafter the first pay the adapter.
+Prompt calls (past `EXACT` rows) are pooled across the two kinds and read linearly in rows: the prompt is most of
+their cost, and each prompt length comes once.
 
 One `CallCost` per model, device, dtype and thread count lives for the process (`Measured`); `hf-packed-ss
 probe --cost-model FILE` writes one to a file and `generate(..., cost_model=FILE)` starts from it.
