@@ -88,19 +88,28 @@ def test_held_out_questions_share_no_8gram_with_train_and_match_the_split():
     assert gsm8k_questions(limit=len(FIRST)) == [test[i]["question"] for i in FIRST]
 
 
-def _joint(differs=0, ended=10, repeats=2, tokens_per_nfe=1.8):
+def _joint(differs=0, ended=10, repeats=2, tokens_per_nfe=1.8, looping=None, n=10):
     row = {"tokens_per_nfe": tokens_per_nfe, "ended_with_eos": ended, "max_6gram_repeats": repeats,
-           "looping": int(repeats > 3), "n": 10}
+           "looping": int(repeats > 3) if looping is None else looping, "n": n}
     return {"ar": {**row, "tokens_per_nfe": 1.0, "differs_from_ar": 0, "differing_questions": []},
             "packed_ss": {**row, "differs_from_ar": differs, "differing_questions": list(range(differs))}}
 
 
 def test_joint_bar_counts_eos_repeats_identity_and_tokens_per_nfe():
     assert verdict(_joint(), 1.7, adapter=False) == "met"
-    assert "1 of 10 answers repeat a 6-gram more than 3 times (worst: 4)" in verdict(_joint(repeats=4), 1.7, False)
+    assert "1 of 10 answers repeat a 6-gram more than 3 times (worst: 4" in verdict(_joint(repeats=4), 1.7, False)
+    assert verdict(_joint(repeats=4, looping=1, ended=18, n=20), 1.7, False) == "met"  # 1 of 20 may loop
+    assert "2 of 20 answers repeat" in verdict(_joint(repeats=4, looping=2, ended=18, n=20), 1.7, False)
+    assert "16/20 end with EOS" in verdict(_joint(ended=16, n=20), 1.7, adapter=False)  # 17 of 20 must end
     assert "7/10 end with EOS" in verdict(_joint(ended=7), 1.7, adapter=False)
     assert "packed_ss differs from ar on 1 of 10" in verdict(_joint(differs=1), 1.7, adapter=False)
     assert "1.60 tokens/NFE" in verdict(_joint(tokens_per_nfe=1.6), 1.7, adapter=False)
+
+
+def test_bare_questions_need_most_answers_to_end_and_identity_only():
+    assert verdict(_joint(ended=14, repeats=9, looping=5, tokens_per_nfe=1.1, n=20), 2.0, False, bare=True) == "met"
+    assert "13/20 end with EOS (at least 70%)" in verdict(_joint(ended=13, n=20), 2.0, False, bare=True)
+    assert "differs from ar" in verdict(_joint(ended=20, differs=1, n=20), 2.0, False, bare=True)
 
 
 def test_adapter_bar_leaves_the_bases_repeats_and_eos_to_the_base():
@@ -178,19 +187,20 @@ def test_quality_command_rewrites_only_the_card_block(tmp_path, capsys):
     card = tmp_path / "README.md"
     card.write_text(f"# card\n\n{START}\nold\n{END}\n\nafter\n")
     assert main(["tiny-nemotron-random", "--limit", "2", "--held-out", "2", "--max-new-tokens", "8", "--width", "3",
-                 "--card", str(card)]) == 0
+                 "--bare", "--card", str(card)]) == 0
     text = card.read_text()
     assert "old" not in text and text.startswith("# card\n\n") and text.endswith(f"{END}\n\nafter\n")
     block = text.split(START)[1].split(END)[0]
     assert ("python -m hf_packed_ss.quality tiny-nemotron-random --limit 2 --held-out 2 --max-new-tokens 8 --width 3"
-            in block)
-    first, held_out = block.split("**First 2 GSM8K test questions (test 0-1)")[1].split("held-out GSM8K test questions")
+            " --bare" in block)
+    first, rest = block.split("**First 2 GSM8K test questions (test 0-1)")[1].split("held-out GSM8K test questions", 1)
+    held_out, bare = rest.split("as bare questions")
     assert "(test 1299-1300" in held_out
-    for part in (first, held_out):
+    for part in (first, held_out, bare):
         rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in part.splitlines()
                 if line.startswith("| ")}
         assert set(rows) >= {"ar", "linear_ss", "quadratic_ss", "packed_ss"}
         assert rows["packed_ss"][1] == "3" and rows["packed_ss"][-1].strip(" |") == "0"  # identical to ar
         assert rows["ar"][3].endswith("/2")
-    assert block.count("Bar: ") == 2
+    assert block.count("Bar: ") == 3
     assert block.strip() in capsys.readouterr().out

@@ -124,3 +124,153 @@ def test_train_data_defaults_to_the_gsm8k_folder_variable(tmp_path, monkeypatch,
     with pytest.raises(SystemExit, match="HF_PACKED_SS_GSM8K"):
         train_module.train(TrainConfig(out=str(tmp_path / "run"), **TINY), log=lambda *_: None)
     assert not (tmp_path / "run").exists()
+
+
+def _capture(model):
+    """Wrap `model.forward` to keep the last call's keyword arguments."""
+    seen = {}
+    forward = model.forward
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return forward(**kwargs)
+
+    model.forward = spy
+    return seen
+
+
+def test_variable_blocks_cut_anchored_blocks_to_every_width():
+    """With `variable_blocks` the noisy rows fall into contiguous bidirectional blocks of 1..block_size rows,
+    not all of `block_size`; each sees the clean rows before its own start, and a block whose first token is kept
+    is an anchored `[last, MASK x W]` block of its own length."""
+    _, tokenizer = bundled.load("tiny-nemotron-random")
+    cfg = TrainConfig(format="nemotron", variable_blocks=1.0, **TINY)
+    model = build_model(cfg, tokenizer)
+    x = torch.randint(5, 200, (cfg.batch, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    seen = _capture(model)
+    LOSSES["nemotron"](model, x, cfg, torch.Generator().manual_seed(3))
+    n, mask = cfg.seq_len, seen["attention_mask"][:, 0]
+    lengths = set()
+    for b in range(cfg.batch):
+        noisy, clean = mask[b, :n, :n], mask[b, :n, n:]
+        i = 0
+        while i < n:
+            block = noisy[i].nonzero().flatten().tolist()
+            assert block == list(range(i, i + len(block))) and len(block) <= cfg.block_size
+            for j in block:  # one block: the same rows, and the clean prefix before its start
+                assert noisy[j].nonzero().flatten().tolist() == block
+                assert clean[j].nonzero().flatten().tolist() == list(range(i))
+            lengths.add(len(block))
+            i += len(block)
+    assert len(lengths) > 3  # cut at many lengths, not the fixed partition
+
+
+def test_render_writes_the_trained_format_and_augment_mixes_in_the_others():
+    from hf_packed_ss.tools.bench.suites import gsm8k_prompt
+    from hf_packed_ss.tools.train import FORMATS, render
+
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(400)]
+    plain = render(rows, 0.0, seed=0)
+    assert plain == [f"{gsm8k_prompt(r['question'])} {r['answer']}" for r in rows]
+    mixed = render(rows, 0.5, seed=0)
+    assert mixed == render(rows, 0.5, seed=0)  # seeded
+    others = [t for t in mixed if not t.startswith("Question: ")]
+    assert 150 < len(others) < 250 and {t.split("What")[0] for t in others} == {"", "Q: ", "User: "}
+    assert all(t.endswith(r["answer"]) for t, r in zip(mixed, rows, strict=True)) and len(FORMATS) == 4
+
+
+def test_repeats_mark_the_answer_tokens_that_continue_a_loop():
+    from hf_packed_ss.tools.train import repeats
+
+    tokenizer = bundled.load("tiny-nemotron-random")[1]
+    loop = {"question": "How many apples?", "answer": " He has 5 apples. He has 5 apples. He has 5 apples."}
+    (ids, marked), = repeats(tokenizer, [loop], TrainConfig(seq_len=256))
+    prompt = tokenizer("Question: How many apples?\nAnswer:").input_ids
+    assert ids[: len(prompt)] == prompt and tokenizer.decode(ids[len(prompt):]) == loop["answer"]
+    for t in range(5, len(ids)):  # exactly the tokens that complete a 6-gram seen before
+        assert (t in marked) == any(ids[s - 5 : s + 1] == ids[t - 5 : t + 1] for s in range(5, t))
+    assert marked and min(marked) > len(prompt)
+    assert repeats(tokenizer, [{"question": "Q?", "answer": " 1 2 3 4 5 6 7 8"}], TrainConfig()) == []
+
+
+@pytest.mark.parametrize("fmt", ["nemotron", "setdlm"])
+def test_ar_logits_are_the_ar_modes_next_token_and_unlikelihood_lowers_a_loop(fmt):
+    """`ar_logits` at position t is what greedy AR decoding picks there; a few unlikelihood steps lower the
+    probability of the marked loop tokens."""
+    from hf_packed_ss.tools.train import ar_logits, with_unlikelihood
+
+    _, tokenizer = bundled.load("tiny-nemotron-random")
+    cfg = TrainConfig(format=fmt, unlikelihood=1.0, **TINY)
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizer).to(torch.float64).eval()
+    prompt = torch.randint(5, 200, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model.generate(prompt, assistant_mode="ar", max_new_tokens=6, do_sample=False)
+        greedy = ar_logits(model, out, cfg)[0, 12:].argmax(-1)
+    assert greedy.tolist() == out[0, 12:].tolist()
+    ids = out[0].tolist() * 2
+    negatives = [(ids, list(range(len(ids) // 2 + 5, len(ids))))]
+
+    def marked_p():
+        with torch.no_grad():
+            p = ar_logits(model, torch.tensor([ids]), cfg)[0].softmax(-1)
+        return p[negatives[0][1], [ids[t] for t in negatives[0][1]]].mean().item()
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(30):  # first teach the model the loop (cross-entropy on the marked tokens)
+        logits = ar_logits(model, torch.tensor([ids]), cfg)[0, negatives[0][1]]
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor([ids[t] for t in negatives[0][1]]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    before = marked_p()
+    nothing = with_unlikelihood(lambda m, x, c, g: (torch.zeros((), dtype=torch.float64), {}), negatives, cfg, 0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(10):
+        loss, parts = nothing(model, None, cfg, torch.Generator().manual_seed(0))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert before > 0.2 and "unlikelihood" in parts and marked_p() < before * 0.5
+
+
+def test_self_distillation_keeps_own_answers_that_end_and_do_not_loop(tmp_path):
+    """Own answers replace the reference where they end with EOS and repeat no 6-gram more than 3 times; the
+    looping ones come back as the unlikelihood loss's negatives; the answers file is made once (resumable)."""
+    from hf_packed_ss.tools.train import self_distilled
+
+    rows = [{"question": f"Q{i}?", "answer": f"ref {i}"} for i in range(5)]
+    own = [{"question": "Q0?", "answer": " own 0", "ended_with_eos": True, "max_6gram_repeats": 1},
+           {"question": "Q1?", "answer": " own 1", "ended_with_eos": False, "max_6gram_repeats": 1},
+           {"question": "Q2?", "answer": " a a a a", "ended_with_eos": True, "max_6gram_repeats": 4}]
+    (tmp_path / "self_answers.jsonl").write_text("\n".join(json.dumps(r) for r in own) + "\n")
+    cfg = TrainConfig(out=str(tmp_path), init=str(bundled.path("tiny-nemotron-random")), self_distill=4)
+    out, loops = self_distilled(rows, cfg, log=lambda *_: None)
+    answers = [r["answer"] for r in out]  # Q3's is the random model's own, made now; Q4 is past self_distill
+    assert answers[:3] == [" own 0", "ref 1", "ref 2"] and answers[4] == "ref 4"
+    assert [a["question"] for a in loops][:1] == ["Q2?"]
+    answers = [json.loads(line) for line in (tmp_path / "self_answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 4 and answers[3]["question"] == "Q3?" and set(answers[3]) >= {"ended_with_eos"}
+    with pytest.raises(SystemExit, match="--init"):
+        self_distilled(rows, TrainConfig(out=str(tmp_path), self_distill=2), log=lambda *_: None)
+
+
+def test_eval_every_writes_a_learning_curve_the_card_can_show(tmp_path, monkeypatch):
+    from hf_packed_ss.tools import quality
+    from hf_packed_ss.tools import train as train_module
+
+    _, tokenizer = bundled.load("tiny-nemotron-random")
+    monkeypatch.setattr(train_module, "train_tokenizer", lambda texts, vocab: tokenizer)
+    monkeypatch.setattr(quality, "dev_questions", lambda: ["What is 1 + 1?"])
+    monkeypatch.setattr(quality, "held_out_questions", lambda: ["What is 2 + 2?", "What is 3 + 3?"])
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) for i in range(40)))
+    cfg = TrainConfig(format="nemotron", data=str(data), out=str(tmp_path / "run"), steps=3, eval_every=2,
+                      eval_width=3, warmup=1, **TINY)
+    train_module.train(cfg, log=lambda *_: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [0, 2, 3] and len(rows) == 12
+    assert {(r["set"], r["prompt"], r["n"]) for r in rows} == {("dev", "trained", 1), ("dev", "bare", 1),
+                                                               ("held_out", "trained", 2), ("held_out", "bare", 2)}
+    table = quality.curve_table(tmp_path / "run" / "curve.jsonl").splitlines()
+    assert len(table) == 5 and table[2].startswith("| 0 | ") and table[-1].count("/2") == 3

@@ -101,8 +101,9 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
         model.generation_config.speculative_width = width
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(run).save_pretrained(out)
-    if (Path(run) / "training_args.json").is_file():
-        shutil.copy2(Path(run) / "training_args.json", out / "training_args.json")
+    for file in ("training_args.json", "curve.jsonl"):  # how it was trained; its learning curve (`train --eval-every`)
+        if (Path(run) / file).is_file():
+            shutil.copy2(Path(run) / file, out / file)
     return out
 
 

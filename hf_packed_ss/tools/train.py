@@ -79,6 +79,12 @@ class TrainConfig:
     rope: str = "default"  # setdlm only: "yarn" uses the Nemotron format's RoPE (for --init from it)
     base_answers: int = 0  # drafter only: train on the base's own greedy answers to this many GSM8K train questions
     init: str = ""  # a trained run folder (either format, same tokenizer) whose stack and head start this run
+    self_distill: int = 0  # joint formats, with --init: train on the init model's own greedy answers to this many
+    augment: float = 0.0  # joint formats: share of examples written in another prompt format (`FORMATS`)
+    variable_blocks: float = 0.0  # nemotron only: share of diffusion blocks cut to a random length 2..block_size
+    unlikelihood: float = 0.0  # joint formats, with --self-distill: weight of the loss against the init's own loops
+    eval_every: int = 0  # joint formats: every N steps, greedy Packed-SS on `CURVE` questions into OUT/curve.jsonl
+    eval_width: int = 8  # the width those evaluations decode at
 
 
 def build_model(cfg: TrainConfig, tokenizer):
@@ -122,23 +128,28 @@ def nemotron_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator
     offset = int(torch.randint(0, cfg.block_size, (1,), generator=gen))
     pos = torch.arange(n)
     block = (pos + offset) // cfg.block_size
-    start = pos - (pos + offset) % cfg.block_size  # first position of each position's block
+    inner = (pos + offset) % cfg.block_size
     # Noise per block: 0 = keep the first token, mask the rest; 1 = mask all; 2 = mask at rate t.
     n_blocks = int(block.max()) + 1
     kind = torch.multinomial(torch.tensor([0.5, 0.2, 0.3]), batch * n_blocks, replacement=True, generator=gen)
     kind = kind.view(batch, n_blocks)[:, block]
     rate = torch.rand(batch, n_blocks, generator=gen).clamp_min(0.05)[:, block]
-    first = (pos == start)[None].expand(batch, -1)
+    start, part = (pos - inner)[None], block[None]  # (1, n): first position of each position's block; its block
+    if cfg.variable_blocks:  # cut some blocks at 2..block_size - 1: the [last, MASK x W] blocks of every width W
+        cut = torch.randint(2, cfg.block_size, (batch, n_blocks), generator=gen)
+        cut = torch.where(torch.rand(batch, n_blocks, generator=gen) < cfg.variable_blocks, cut, cfg.block_size)
+        tail = inner >= cut[:, block]  # (batch, n): the rest of a cut block is a block of its own, same noise kind
+        start, part = torch.where(tail, start + cut[:, block], start), 2 * part + tail
+    first = (pos == start).expand(batch, -1)
     masked = torch.where(kind == 0, ~first, torch.where(kind == 1, torch.ones_like(first),
                                                         torch.rand(batch, n, generator=gen) < rate))
     noisy = torch.where(masked, torch.full_like(x, mask_id), x)
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    sees_clean = pos[None, :] < start[:, None]
-    same_block = block[:, None] == block[None, :]
-    none = torch.zeros(n, n, dtype=torch.bool)
-    mask = torch.cat([torch.cat([same_block, sees_clean], 1), torch.cat([none, causal], 1)])
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(start.shape[0], -1, -1)
+    sees_clean = pos[None, None, :] < start[:, :, None]
+    same_block = part[:, :, None] == part[:, None, :]
+    mask = torch.cat([torch.cat([same_block, sees_clean], -1), torch.cat([torch.zeros_like(causal), causal], -1)], -2)
     logits = model(input_ids=torch.cat([noisy, x], 1), position_ids=torch.cat([pos, pos])[None].expand(batch, -1),
-                   attention_mask=mask[None, None].expand(batch, 1, -1, -1)).logits
+                   attention_mask=mask[:, None].expand(batch, 1, -1, -1)).logits
     vocab = logits.shape[-1]
     ar = F.cross_entropy(logits[:, n:-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
     dlm = F.cross_entropy(logits[:, :n][masked], x[masked])
@@ -212,23 +223,122 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def prepare(cfg: TrainConfig):
+# The prompt formats a joint checkpoint is trained in: the benchmark's (`bench.suites.gsm8k_prompt`) first, then the
+# ones `--augment` mixes in, so a bare question or a chat-style turn still gets an answer that ends.
+FORMATS = ("Question: {question}\nAnswer: {answer}", "{question}\n{answer}", "Q: {question}\nA: {answer}",
+           "User: {question}\nAssistant: {answer}")
+
+
+def render(rows: list[dict], augment: float, seed: int) -> list[str]:
+    """Each (question, answer) as training text: in the first of `FORMATS`, or with probability `augment` in one of
+    the others (seeded, drawn apart from the training stream)."""
+    gen = torch.Generator().manual_seed(seed)
+    texts = []
+    for row in rows:
+        other = augment and float(torch.rand((), generator=gen)) < augment
+        form = FORMATS[1 + int(torch.randint(0, len(FORMATS) - 1, (), generator=gen))] if other else FORMATS[0]
+        texts.append(form.format(question=row["question"], answer=row["answer"].strip()))
+    return texts
+
+
+def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> list[dict]:
+    """`rows` with the first `cfg.self_distill` reference answers replaced by the `--init` model's own greedy
+    answers (AR mode, the benchmark's prompt, `OUT/self_answers.jsonl`, made once), where those end with EOS
+    within 128 tokens and repeat no 6-gram more than 3 times; elsewhere the reference answer stays."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .quality import MAX_REPEATS
+
+    if not cfg.init:
+        raise SystemExit("--self-distill needs --init RUN: the trained model whose own answers to train on.")
+    teacher = AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32).eval()
+    answers = generate_answers(teacher, AutoTokenizer.from_pretrained(cfg.init),
+                               [r["question"] for r in rows[: cfg.self_distill]], Path(cfg.out) / "self_answers.jsonl",
+                               max_new_tokens=128, log=log, batch=32, assistant_mode="ar")
+    kept = [a for a in answers if a["ended_with_eos"] and a["max_6gram_repeats"] <= MAX_REPEATS]
+    log(f"self-distillation: {len(kept)} of {len(answers)} own answers end with EOS and do not loop")
+    own = {a["question"]: a["answer"] for a in kept}
+    loops = [a for a in answers if a["max_6gram_repeats"] > MAX_REPEATS]
+    return [{**r, "answer": own.get(r["question"], r["answer"])} for r in rows], loops
+
+
+def prepare(cfg: TrainConfig, log=print):
     """Tokenizer (trained once, then reused from `out`), token stream and a fresh model."""
     from transformers import AutoTokenizer
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    texts = gsm8k_texts(Path(cfg.data))
     if (out / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(out)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.init) if cfg.init else train_tokenizer(texts, cfg.vocab)
+        tokenizer = (AutoTokenizer.from_pretrained(cfg.init) if cfg.init
+                     else train_tokenizer(gsm8k_texts(Path(cfg.data)), cfg.vocab))
         tokenizer.save_pretrained(out)
+    rows, loops = read_jsonl(Path(cfg.data)), []
+    if cfg.self_distill:
+        rows, loops = self_distilled(rows, cfg, log)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tokenizer)
     if cfg.init:
         warm_start(model, Path(cfg.init))
-    return tokenizer, corpus(tokenizer, texts), model
+    return tokenizer, corpus(tokenizer, render(rows, cfg.augment, cfg.seed)), model, repeats(tokenizer, loops, cfg)
+
+
+def repeats(tokenizer, loops: list[dict], cfg: TrainConfig) -> list[tuple[list[int], list[int]]]:
+    """Each looping own answer as (prompt + answer ids, the answer positions whose token completes a 6-gram
+    already seen): the tokens that keep a greedy loop going, which `unlikelihood_loss` makes unlikely."""
+    out = []
+    for a in loops:
+        prompt = tokenizer(FORMATS[0].split("{answer}")[0].rstrip().format(question=a["question"])).input_ids
+        ids = (prompt + tokenizer(a["answer"], add_special_tokens=False).input_ids)[: cfg.seq_len]
+        seen, marked = set(), []
+        for t in range(5, len(ids)):
+            gram = tuple(ids[t - 5 : t + 1])
+            if gram in seen and t >= len(prompt):
+                marked.append(t)
+            seen.add(gram)
+        if marked:
+            out.append((ids, marked))
+    return out
+
+
+def ar_logits(model, x: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(batch, n, vocab): the AR mode's logit for each position of `x` given the tokens before it (row 0 has no
+    context and is never read): the clean causal rows (Nemotron format), or one MASK row per position that sees
+    the clean tokens before it (SetDLM's duplicate-mask construction)."""
+    batch, n = x.shape
+    pos = torch.arange(n)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if cfg.format == "nemotron":
+        logits = model(input_ids=x, position_ids=pos[None].expand(batch, -1),
+                       attention_mask=causal[None, None].expand(batch, 1, -1, -1)).logits
+        return torch.cat([logits[:, :1], logits[:, :-1]], 1)
+    eye = torch.eye(n, dtype=torch.bool)
+    mask = torch.cat([torch.cat([causal, torch.zeros(n, n, dtype=torch.bool)], 1), torch.cat([causal & ~eye, eye], 1)])
+    return model(input_ids=torch.cat([x, torch.full_like(x, model.config.mask_token_id)], 1),
+                 position_ids=torch.cat([pos, pos])[None].expand(batch, -1),
+                 attention_mask=mask[None, None].expand(batch, 1, -1, -1), logits_to_keep=n).logits
+
+
+def with_unlikelihood(loss_fn, negatives: list, cfg: TrainConfig, pad: int, per_step: int = 8):
+    """`loss_fn` plus `cfg.unlikelihood` x the mean of -log(1 - p) over the marked tokens of `per_step` of the
+    init's looping answers (sequence-level unlikelihood training, Welleck et al. 2019): the greedy loops the
+    self-distillation filter dropped are pushed down, not only left out."""
+    if not cfg.unlikelihood or not negatives:
+        return loss_fn
+
+    def loss(model, x, cfg, gen):
+        total, parts = loss_fn(model, x, cfg, gen)
+        picks = torch.randint(0, len(negatives), (per_step,), generator=gen).tolist()
+        n = max(len(negatives[i][0]) for i in picks)
+        ids = torch.tensor([negatives[i][0] + [pad] * (n - len(negatives[i][0])) for i in picks])
+        rows = torch.tensor([b for b, i in enumerate(picks) for _ in negatives[i][1]])
+        cols = torch.tensor([t for i in picks for t in negatives[i][1]])
+        p = ar_logits(model, ids, cfg)[rows, cols].float().softmax(-1).gather(-1, ids[rows, cols][:, None])
+        ul = -torch.log1p(-p.clamp(max=1 - 1e-5)).mean()
+        return total + cfg.unlikelihood * ul, {**parts, "unlikelihood": ul.item()}
+
+    return loss
 
 
 def warm_start(model, init: Path) -> None:
@@ -320,7 +430,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
         def batch(gen):
             return examples[int(torch.randint(0, len(examples), (1,), generator=gen))]
     else:
-        tokenizer, stream, model = prepare(cfg)
+        tokenizer, stream, model, negatives = prepare(cfg, log)
         params = list(model.parameters())
 
         def batch(gen):
@@ -342,12 +452,20 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
         step = state["step"]
         log(f"resumed at step {step}")
     loss_fn = LOSSES[cfg.format]
+    if cfg.format != "drafter":
+        loss_fn = with_unlikelihood(loss_fn, negatives, cfg, tokenizer.pad_token_id)
+    curve = Curve(cfg, tokenizer) if cfg.eval_every and cfg.format != "drafter" else None
+    if curve is not None and step == 0:
+        curve.point(model, 0, log)
     model.train()
     tic = time.perf_counter()
     with proposal_only_adapters(model.get_base_model() if cfg.format == "drafter" else model):
         while step < cfg.steps:
             parts = _step(model, loss_fn, batch(gen), cfg, gen, opt, params, step)
             step += 1
+            if curve is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
+                curve.point(model, step, log)
+                tic = time.perf_counter()
             if step % 20 == 0 or step == cfg.steps:
                 rate = (time.perf_counter() - tic) / 20
                 tic = time.perf_counter()
@@ -363,6 +481,32 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
     else:
         save(model, tokenizer, cfg, out)
     return model, tokenizer
+
+
+class Curve:
+    """The learning curve: greedy Packed-SS at `eval_width` on the `DEV` questions (where choices are made) and
+    the `HELD_OUT` ones (never chosen on), in the trained and the bare prompt, appended to OUT/curve.jsonl."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer):
+        from .quality import dev_questions, held_out_questions
+
+        self.cfg, self.tokenizer, self.file = cfg, tokenizer, Path(cfg.out) / "curve.jsonl"
+        self.sets = {"dev": dev_questions(), "held_out": held_out_questions()}
+
+    def point(self, model, step: int, log=print) -> None:
+        from .quality import measure
+
+        model.eval()
+        with self.file.open("a") as f:
+            for name, questions in self.sets.items():
+                for prompt in ("trained", "bare"):
+                    r = measure(model, self.tokenizer, questions, ["packed_ss"], self.cfg.eval_width,
+                                prompt=prompt)["packed_ss"]
+                    row = {"step": step, "set": name, "prompt": prompt, "width": self.cfg.eval_width,
+                           **{k: r[k] for k in ("tokens_per_nfe", "ended_with_eos", "looping", "n")}}
+                    f.write(json.dumps(row) + "\n")
+                    log(json.dumps(row))
+        model.train()
 
 
 def _step(model, loss_fn, batch, cfg: TrainConfig, gen, opt, params, step: int) -> dict:

@@ -82,6 +82,17 @@ def question_ids(tokenizer, question: str, shots: int = CHAT_SHOTS) -> torch.Ten
     return tokenizer(gsm8k_prompt(question), return_tensors="pt").input_ids
 
 
+def bare_ids(tokenizer, question: str) -> torch.Tensor:
+    """A GSM8K question as a new user would type it: the question text alone (a chat model's user turn, no worked
+    examples; no `Question:`/`Answer:` wrapper for the tiny models)."""
+    if getattr(tokenizer, "chat_template", None):
+        return chat_ids(tokenizer, question)
+    return tokenizer(question, return_tensors="pt").input_ids
+
+
+PROMPTS = {"trained": question_ids, "bare": bare_ids}  # the prompt formats quality and training measure
+
+
 def read_jsonl(file: Path) -> list[dict]:
     """The rows of a JSON-lines file (gzipped when it ends in .gz), blank lines skipped."""
     opener = gzip.open if file.suffix == ".gz" else open
