@@ -274,3 +274,34 @@ def test_eval_every_writes_a_learning_curve_the_card_can_show(tmp_path, monkeypa
                                                                ("held_out", "trained", 2), ("held_out", "bare", 2)}
     table = quality.curve_table(tmp_path / "run" / "curve.jsonl").splitlines()
     assert len(table) == 5 and table[2].startswith("| 0 | ") and table[-1].count("/2") == 3
+
+
+def test_distill_pulls_the_drafting_rows_to_the_ar_modes_own_distribution():
+    """`distill` mixes the text's cross-entropy with KL from the AR mode's (detached) distribution: zero when the
+    drafting rows already agree, and no gradient into the teacher."""
+    from hf_packed_ss.tools.train import diffusion_loss
+
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(5, 7, generator=gen, requires_grad=True), torch.randn(5, 7, generator=gen,
+                                                                                           requires_grad=True)
+    tokens = torch.tensor([0, 3, 6, 2, 2])
+    ce = torch.nn.functional.cross_entropy(student, tokens)
+    assert torch.equal(diffusion_loss(student, tokens, teacher, TrainConfig(distill=0.0)), ce)
+    full = diffusion_loss(student, tokens, teacher, TrainConfig(distill=1.0))
+    full.backward()
+    assert teacher.grad is None and student.grad.abs().sum() > 0
+    assert diffusion_loss(teacher.detach(), tokens, teacher, TrainConfig(distill=1.0)).abs() < 1e-6
+    half = diffusion_loss(student, tokens, teacher, TrainConfig(distill=0.5))
+    assert torch.allclose(half, 0.5 * ce + 0.5 * full)
+
+
+@pytest.mark.parametrize("fmt", ["nemotron", "setdlm"])
+def test_a_distilling_step_lowers_the_loss(fmt):
+    _, tokenizer = bundled.load("tiny-nemotron-random")
+    cfg = TrainConfig(format=fmt, distill=0.5, **TINY)
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizer)
+    stream = corpus(tokenizer, ["Question: 2 + 3?\nAnswer: 5", "Question: 7 - 4?\nAnswer: 3"] * 8)
+    batch = sample_batch(stream, cfg, torch.Generator().manual_seed(0))
+    losses = _steps(model, LOSSES[fmt], batch, cfg, list(model.parameters()))
+    assert losses[-1] < losses[0] - 0.5

@@ -82,6 +82,8 @@ class TrainConfig:
     self_distill: int = 0  # joint formats, with --init: train on the init model's own greedy answers to this many
     augment: float = 0.0  # joint formats: share of examples written in another prompt format (`FORMATS`)
     variable_blocks: float = 0.0  # nemotron only: share of diffusion blocks cut to a random length 2..block_size
+    distill: float = 0.0  # joint formats: share of the diffusion loss that is KL from the AR mode's own (detached)
+    # next-token distribution at the same position, instead of cross-entropy with the text
     unlikelihood: float = 0.0  # joint formats, with --self-distill: weight of the loss against the init's own loops
     eval_every: int = 0  # joint formats: every N steps, greedy Packed-SS on `CURVE` questions into OUT/curve.jsonl
     eval_width: int = 8  # the width those evaluations decode at
@@ -152,8 +154,22 @@ def nemotron_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator
                    attention_mask=mask[:, None].expand(batch, 1, -1, -1)).logits
     vocab = logits.shape[-1]
     ar = F.cross_entropy(logits[:, n:-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
-    dlm = F.cross_entropy(logits[:, :n][masked], x[masked])
+    if cfg.distill:
+        masked[:, 0] = False  # position 0 has no AR prediction to agree with
+    teacher = torch.cat([logits[:, n : n + 1], logits[:, n:-1]], 1)  # clean row j - 1 scores position j
+    dlm = diffusion_loss(logits[:, :n][masked], x[masked], teacher[masked], cfg)
     return ar + dlm, {"ar": ar.item(), "diffusion": dlm.item()}
+
+
+def diffusion_loss(student: torch.Tensor, tokens: torch.Tensor, teacher: torch.Tensor, cfg: TrainConfig):
+    """Cross-entropy of the drafting rows with the text, mixed with `cfg.distill` x KL(AR mode || drafting rows)
+    at the same positions: acceptance rewards agreeing with the verifier, not with the data."""
+    ce = F.cross_entropy(student, tokens)
+    if not cfg.distill:
+        return ce
+    target, log_q = teacher.detach().log_softmax(-1), student.log_softmax(-1)
+    kl = torch.where(target.isfinite(), target.exp() * (target - log_q), 0.0).sum(-1).mean()  # a -inf logit: p = 0
+    return (1 - cfg.distill) * ce + cfg.distill * kl
 
 
 def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
@@ -173,7 +189,7 @@ def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) 
                    attention_mask=mask[None, None].expand(batch, 1, -1, -1), logits_to_keep=2 * n).logits
     vocab = logits.shape[-1]  # the MASK rows only: the clean rows carry no loss
     ar = F.cross_entropy(logits[:, :n].reshape(-1, vocab), x.reshape(-1))
-    draft = F.cross_entropy(logits[:, n:].reshape(-1, vocab), x.reshape(-1))
+    draft = diffusion_loss(logits[:, n:].reshape(-1, vocab), x.reshape(-1), logits[:, :n].reshape(-1, vocab), cfg)
     return ar + draft, {"ar": ar.item(), "diffusion": draft.item()}
 
 
