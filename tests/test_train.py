@@ -244,8 +244,12 @@ def test_self_distillation_keeps_own_answers_that_end_and_do_not_loop(tmp_path):
            {"question": "Q1?", "answer": " own 1", "ended_with_eos": False, "max_6gram_repeats": 1},
            {"question": "Q2?", "answer": " a a a a", "ended_with_eos": True, "max_6gram_repeats": 4}]
     (tmp_path / "self_answers.jsonl").write_text("\n".join(json.dumps(r) for r in own) + "\n")
-    cfg = TrainConfig(out=str(tmp_path), init=str(bundled.path("tiny-nemotron-random")), self_distill=4)
+    earlier = tmp_path / "earlier.jsonl"
+    earlier.write_text(json.dumps({**own[2], "question": "Q9?"}) + "\n" + json.dumps(own[0]) + "\n")
+    cfg = TrainConfig(out=str(tmp_path), init=str(bundled.path("tiny-nemotron-random")), self_distill=4,
+                      negatives=str(earlier))
     out, loops = self_distilled(rows, cfg, log=lambda *_: None)
+    assert loops[-1]["question"] == "Q9?" and "Q0?" not in [a["question"] for a in loops]
     answers = [r["answer"] for r in out]  # Q3's is the random model's own, made now; Q4 is past self_distill
     assert answers[:3] == [" own 0", "ref 1", "ref 2"] and answers[4] == "ref 4"
     assert [a["question"] for a in loops][:1] == ["Q2?"]

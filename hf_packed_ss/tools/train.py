@@ -20,6 +20,16 @@ share position ids with the tokens they predict, in one forward pass:
   (what a window drafter sees: the verified prefix, not the k tokens in between). Loss: cross-entropy on
   both MASK copies.
 
+A second stage for the joint formats (issue 21) starts from a trained run (``--init``) and trains where the
+decoders run rather than on the data alone: ``--self-distill N`` swaps the reference answers of the first N
+train questions for the init model's own greedy ones where those end and do not loop (acceptance rewards
+agreeing with the verifier); ``--unlikelihood w`` pushes down the tokens that continue the init's own loops
+(sequence-level unlikelihood, Welleck et al. 2019: what the filter left out, the model is also told not to
+do); ``--distill w`` mixes KL from the AR mode's own distribution into the diffusion loss; ``--augment p``
+writes a share of examples in other prompt formats (bare question, ``Q:``/``A:``, chat-style turns);
+``--variable-blocks p`` cuts a share of the Nemotron blocks at random lengths, the ``[last, MASK x W]``
+blocks of every width W; ``--eval-every N`` records the learning curve (``OUT/curve.jsonl``).
+
 A run writes ``trainer_state.pt`` (weights, optimizer, step, RNG) every ``--save-every`` steps; ``--resume``
 continues from it with the same data order. The last step writes a Hub-style folder (safetensors,
 config, tokenizer, generation_config).
@@ -42,6 +52,7 @@ from ..bundled import gsm8k_texts, train_tokenizer, yarn_rope
 from .base_answers import generate_answers, train_questions
 from .bench.suites import read_jsonl
 from .paths import GSM8K_ENV, GSM8K_HELP, gsm8k_split
+from .quality import MAX_REPEATS
 
 HELP = {"data": f"GSM8K train split, JSON lines (default: train.jsonl in {GSM8K_HELP}; now %(default)s)"}
 
@@ -85,6 +96,7 @@ class TrainConfig:
     distill: float = 0.0  # joint formats: share of the diffusion loss that is KL from the AR mode's own (detached)
     # next-token distribution at the same position, instead of cross-entropy with the text
     unlikelihood: float = 0.0  # joint formats, with --self-distill: weight of the loss against the init's own loops
+    negatives: str = ""  # more looping answers for --unlikelihood: an earlier round's OUT/self_answers.jsonl
     eval_every: int = 0  # joint formats: every N steps, greedy Packed-SS on `CURVE` questions into OUT/curve.jsonl
     eval_width: int = 8  # the width those evaluations decode at
 
@@ -260,10 +272,9 @@ def render(rows: list[dict], augment: float, seed: int) -> list[str]:
 def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> list[dict]:
     """`rows` with the first `cfg.self_distill` reference answers replaced by the `--init` model's own greedy
     answers (AR mode, the benchmark's prompt, `OUT/self_answers.jsonl`, made once), where those end with EOS
-    within 128 tokens and repeat no 6-gram more than 3 times; elsewhere the reference answer stays."""
+    within 128 tokens and repeat no 6-gram more than 3 times; elsewhere the reference answer stays. Also returns
+    the looping answers (those and `cfg.negatives`'), for `--unlikelihood`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .quality import MAX_REPEATS
 
     if not cfg.init:
         raise SystemExit("--self-distill needs --init RUN: the trained model whose own answers to train on.")
@@ -275,6 +286,8 @@ def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> list[dict]:
     log(f"self-distillation: {len(kept)} of {len(answers)} own answers end with EOS and do not loop")
     own = {a["question"]: a["answer"] for a in kept}
     loops = [a for a in answers if a["max_6gram_repeats"] > MAX_REPEATS]
+    if cfg.negatives:  # an earlier model's loops are still loops: the round after keeps pushing them down
+        loops += [a for a in read_jsonl(Path(cfg.negatives)) if a["max_6gram_repeats"] > MAX_REPEATS]
     return [{**r, "answer": own.get(r["question"], r["answer"])} for r in rows], loops
 
 
