@@ -309,3 +309,20 @@ def test_a_distilling_step_lowers_the_loss(fmt):
     batch = sample_batch(stream, cfg, torch.Generator().manual_seed(0))
     losses = _steps(model, LOSSES[fmt], batch, cfg, list(model.parameters()))
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_a_bundled_learning_curve_follows_the_warm_starts_back(tmp_path):
+    from hf_packed_ss.bundled import learning_curve
+
+    def run(name, init, steps):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "training_args.json").write_text(json.dumps({"init": str(init) if init else ""}))
+        (folder / "curve.jsonl").write_text("".join(json.dumps({"step": s, "set": "dev"}) + "\n" for s in steps))
+        return folder
+
+    first = run("a", tmp_path / "stage1-without-a-curve", [0, 50, 100])
+    second = run("b", first, [0, 50, 100])
+    assert [(r["step"], r["run"]) for r in learning_curve(second)] == [(0, "a"), (50, "a"), (100, "a"), (150, "b"),
+                                                                      (200, "b")]
+    assert learning_curve(tmp_path) == []

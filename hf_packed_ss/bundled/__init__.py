@@ -101,10 +101,25 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
         model.generation_config.speculative_width = width
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(run).save_pretrained(out)
-    for file in ("training_args.json", "curve.jsonl"):  # how it was trained; its learning curve (`train --eval-every`)
-        if (Path(run) / file).is_file():
-            shutil.copy2(Path(run) / file, out / file)
+    if (Path(run) / "training_args.json").is_file():
+        shutil.copy2(Path(run) / "training_args.json", out / "training_args.json")
+    curve = learning_curve(Path(run))
+    if curve:
+        (out / "curve.jsonl").write_text("".join(json.dumps(row) + "\n" for row in curve))
     return out
+
+
+def learning_curve(run: Path) -> list[dict]:
+    """The run's `curve.jsonl` (`train --eval-every`) after those of the runs it was warm-started from (`--init`,
+    followed back while they have one), steps counted from the first: one curve over every recorded stage."""
+    if not (run / "curve.jsonl").is_file():
+        return []
+    args = json.loads((run / "training_args.json").read_text()) if (run / "training_args.json").is_file() else {}
+    earlier = learning_curve(Path(args["init"])) if args.get("init") else []
+    offset = earlier[-1]["step"] if earlier else 0
+    rows = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines() if line.strip()]
+    return earlier + [{**r, "step": r["step"] + offset, "run": run.name} for r in rows
+                      if not (earlier and r["step"] == 0)]  # its step 0 is the earlier run's last point
 
 
 def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path | None = None) -> Path:
