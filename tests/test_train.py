@@ -326,3 +326,13 @@ def test_a_bundled_learning_curve_follows_the_warm_starts_back(tmp_path):
     assert [(r["step"], r["run"]) for r in learning_curve(second)] == [(0, "a"), (50, "a"), (100, "a"), (150, "b"),
                                                                       (200, "b")]
     assert learning_curve(tmp_path) == []
+
+
+def test_a_learning_curve_that_leads_back_to_itself_ends(tmp_path):
+    from hf_packed_ss.bundled import learning_curve
+
+    for name, init in (("a", "b"), ("b", "a")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "training_args.json").write_text(json.dumps({"init": str(tmp_path / init)}))
+        (tmp_path / name / "curve.jsonl").write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"step": 10}) + "\n")
+    assert [r["step"] for r in learning_curve(tmp_path / "a")] == [0, 10, 20]

@@ -109,13 +109,14 @@ def bundle(run: Path, name: str, width: int | None = None, dtype: torch.dtype = 
     return out
 
 
-def learning_curve(run: Path) -> list[dict]:
+def learning_curve(run: Path, seen: frozenset = frozenset()) -> list[dict]:
     """The run's `curve.jsonl` (`train --eval-every`) after those of the runs it was warm-started from (`--init`,
-    followed back while they have one), steps counted from the first: one curve over every recorded stage."""
-    if not (run / "curve.jsonl").is_file():
+    followed back while they have one), steps counted from the first: one curve over every recorded stage. A
+    folder met twice (a stage started from a bundled folder that was later overwritten) ends the chain."""
+    if not (run / "curve.jsonl").is_file() or run.resolve() in seen:
         return []
     args = json.loads((run / "training_args.json").read_text()) if (run / "training_args.json").is_file() else {}
-    earlier = learning_curve(Path(args["init"])) if args.get("init") else []
+    earlier = learning_curve(Path(args["init"]), seen | {run.resolve()}) if args.get("init") else []
     offset = earlier[-1]["step"] if earlier else 0
     rows = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines() if line.strip()]
     return earlier + [{**r, "step": r["step"] + offset, "run": run.name} for r in rows
