@@ -58,8 +58,10 @@ MIN_EOS_SHARE, MAX_REPEATS, MAX_LOOPING_SHARE = 0.85, 3, 0.05  # 17/20 end with 
 BARE_EOS_SHARE = 0.7  # a bare question (no `Question:`/`Answer:` wrapper): at least 14/20 end with EOS
 # What each bundled checkpoint's choices used the first 10 for (the held-out block says which questions are unseen).
 CHOSEN_ON_FIRST = {
-    "tiny-nemotron-gsm8k": "its step count (800 against 1,400 and 1,800) and default width were chosen on them",
-    "tiny-setdlm-gsm8k": "its warm start and default width were judged on them",
+    "tiny-nemotron-gsm8k": "its stage-1 step count (800 against 1,400 and 1,800) and default width were chosen on "
+                           "them; its later stages on test 30-49",
+    "tiny-setdlm-gsm8k": "its stage-1 warm start and default width were judged on them; its later stages on "
+                         "test 30-49",
     "smollm2-135m-drafter": "its default width was chosen on them, its prompt on test 10-29",
 }
 
