@@ -157,3 +157,16 @@ def test_release_block_size_precedence_and_bad_sizes():
     assert (config.block_size, config.max_block_size, config.noise_k, config.noise_b) == (64, 8, 0.5, None)
     with pytest.raises(ValueError, match="must be in \\[1, block_size=512\\]: pass max_block_size="):
         config_from_release(base, backbone, max_block_size=600)
+
+
+def test_a_fresh_dynamic_cache_with_no_layer_yet_is_a_dynamic_cache():
+    """`hf-packed-ss probe` passes an empty `DynamicCache()`; the causal forward reads it as dynamic (it used to ask
+    it for a static length and fail) and gives the uncached logits."""
+    from transformers import DynamicCache
+
+    model = tiny_setdlm(0)
+    ids = torch.randint(0, 39, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cached = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).logits
+        plain = model(input_ids=ids, use_cache=False).logits
+    assert torch.allclose(cached, plain)

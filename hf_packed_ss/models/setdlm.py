@@ -119,7 +119,7 @@ class SetDLMModel(DualModeModel):
             torch.cat([causal, torch.zeros(n, k, dtype=torch.bool, device=device)], dim=1),  # tokens: causal
             torch.cat([causal[n - k :], torch.eye(k, dtype=torch.bool, device=device)], dim=1),  # MASK j: <= j, itself
         ])
-        slots = cache.get_max_length() if cache is not None else -1
+        slots = cache.get_max_length() if cache is not None and getattr(cache, "layers", True) else -1  # no layer yet
         if slots > 0:  # a static cache (stock generate's, compiled): its every slot, the new rows at slot `past`
             mask = slot_mask(new, torch.as_tensor(past, device=device), torch.arange(slots, device=device))
         else:
