@@ -29,10 +29,11 @@ def _steps(model, loss_fn, batch, cfg, params, n=8, lr=3e-3):
     return losses
 
 
+@pytest.mark.parametrize("distill", [0.0, 0.5])
 @pytest.mark.parametrize("fmt", ["nemotron", "setdlm"])
-def test_a_training_step_lowers_the_loss(fmt):
+def test_a_training_step_lowers_the_loss(fmt, distill):
     _, tokenizer = bundled.load("tiny-nemotron-random")
-    cfg = TrainConfig(format=fmt, **TINY)
+    cfg = TrainConfig(format=fmt, distill=distill, **TINY)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer)
     stream = corpus(tokenizer, ["Question: 2 + 3?\nAnswer: 5", "Question: 7 - 4?\nAnswer: 3"] * 8)
@@ -297,18 +298,6 @@ def test_distill_pulls_the_drafting_rows_to_the_ar_modes_own_distribution():
     assert diffusion_loss(teacher.detach(), tokens, teacher, TrainConfig(distill=1.0)).abs() < 1e-6
     half = diffusion_loss(student, tokens, teacher, TrainConfig(distill=0.5))
     assert torch.allclose(half, 0.5 * ce + 0.5 * full)
-
-
-@pytest.mark.parametrize("fmt", ["nemotron", "setdlm"])
-def test_a_distilling_step_lowers_the_loss(fmt):
-    _, tokenizer = bundled.load("tiny-nemotron-random")
-    cfg = TrainConfig(format=fmt, distill=0.5, **TINY)
-    torch.manual_seed(0)
-    model = build_model(cfg, tokenizer)
-    stream = corpus(tokenizer, ["Question: 2 + 3?\nAnswer: 5", "Question: 7 - 4?\nAnswer: 3"] * 8)
-    batch = sample_batch(stream, cfg, torch.Generator().manual_seed(0))
-    losses = _steps(model, LOSSES[fmt], batch, cfg, list(model.parameters()))
-    assert losses[-1] < losses[0] - 0.5
 
 
 def test_a_bundled_learning_curve_follows_the_warm_starts_back(tmp_path):
