@@ -325,3 +325,12 @@ def test_a_learning_curve_that_leads_back_to_itself_ends(tmp_path):
         (tmp_path / name / "training_args.json").write_text(json.dumps({"init": str(tmp_path / init)}))
         (tmp_path / name / "curve.jsonl").write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"step": 10}) + "\n")
     assert [r["step"] for r in learning_curve(tmp_path / "a")] == [0, 10, 20]
+
+
+def test_a_curve_point_without_a_measurement_reads_a_dash(tmp_path):
+    from hf_packed_ss.tools.quality import curve_table
+
+    row = {"step": 5, "set": "dev", "prompt": "trained", "tokens_per_nfe": 2.345, "ended_with_eos": 9, "looping": 1,
+           "n": 10}
+    (tmp_path / "curve.jsonl").write_text(json.dumps(row) + "\n")
+    assert curve_table(tmp_path / "curve.jsonl").splitlines()[-1] == "| 5 | 2.35 | 9/10 | 1/10 | - | - | - | - |"

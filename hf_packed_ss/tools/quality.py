@@ -211,22 +211,29 @@ def verdict(report: dict, bar: float | None, adapter: bool, bare: bool = False) 
     return "met" if not misses else "not met: " + "; ".join(misses)
 
 
+CURVE_COLUMNS = (("dev tokens/NFE", "dev", "trained", "tokens_per_nfe"),
+                 ("dev EOS", "dev", "trained", "ended_with_eos"), ("dev looping", "dev", "trained", "looping"),
+                 ("held-out tokens/NFE", "held_out", "trained", "tokens_per_nfe"),
+                 ("held-out EOS", "held_out", "trained", "ended_with_eos"),
+                 ("held-out looping", "held_out", "trained", "looping"),
+                 ("held-out bare EOS", "held_out", "bare", "ended_with_eos"))
+
+
 def curve_table(file: Path) -> str:
     """The learning curve `train --eval-every` wrote (`curve.jsonl`) as one row per evaluated step."""
     points: dict[int, dict] = {}
     for row in read_jsonl(Path(file)):
         points.setdefault(row["step"], {})[row["set"], row["prompt"]] = row
-    cells = [("dev", "trained"), ("held_out", "trained"), ("held_out", "bare")]
-    lines = ["| step | dev tokens/NFE | dev EOS | dev looping | held-out tokens/NFE | held-out EOS | held-out looping "
-             "| held-out bare EOS |", "|---|---|---|---|---|---|---|---|"]
+
+    def cell(point: dict, group: str, prompt: str, field: str) -> str:
+        r = point.get((group, prompt))
+        if r is None:
+            return "-"
+        return f"{r[field]:.2f}" if field == "tokens_per_nfe" else f"{r[field]}/{r['n']}"
+
+    lines = ["| step | " + " | ".join(c[0] for c in CURVE_COLUMNS) + " |", "|---" * (len(CURVE_COLUMNS) + 1) + "|"]
     for step, point in sorted(points.items()):
-        parts = []
-        for key in cells:
-            r = point.get(key)
-            figures = (f"{r['tokens_per_nfe']:.2f}", f"{r['ended_with_eos']}/{r['n']}", f"{r['looping']}/{r['n']}")
-            parts += ([figures[1]] if key[1] == "bare" else list(figures)) if r else ["-"] * (1 if key[1] == "bare"
-                                                                                               else 3)
-        lines.append(f"| {step} | " + " | ".join(parts) + " |")
+        lines.append(f"| {step} | " + " | ".join(cell(point, *c[1:]) for c in CURVE_COLUMNS) + " |")
     return "\n".join(lines)
 
 
