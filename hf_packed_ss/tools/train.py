@@ -269,7 +269,7 @@ def render(rows: list[dict], augment: float, seed: int) -> list[str]:
     return texts
 
 
-def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> list[dict]:
+def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> tuple[list[dict], list[dict]]:
     """`rows` with the first `cfg.self_distill` reference answers replaced by the `--init` model's own greedy
     answers (AR mode, the benchmark's prompt, `OUT/self_answers.jsonl`, made once), where those end with EOS
     within 128 tokens and repeat no 6-gram more than 3 times; elsewhere the reference answer stays. Also returns
@@ -292,7 +292,8 @@ def self_distilled(rows: list[dict], cfg: TrainConfig, log=print) -> list[dict]:
 
 
 def prepare(cfg: TrainConfig, log=print):
-    """Tokenizer (trained once, then reused from `out`), token stream and a fresh model."""
+    """Tokenizer (trained once, then reused from `out`), token stream, a fresh (or warm-started) model, and the
+    unlikelihood negatives (`repeats`; empty without `--self-distill`)."""
     from transformers import AutoTokenizer
 
     out = Path(cfg.out)
