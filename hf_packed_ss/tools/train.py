@@ -50,7 +50,7 @@ from transformers import GenerationConfig
 
 from ..bundled import gsm8k_texts, train_tokenizer, yarn_rope
 from .base_answers import generate_answers, train_questions
-from .bench.suites import read_jsonl
+from .bench.suites import question_ids, read_jsonl
 from .paths import GSM8K_ENV, GSM8K_HELP, gsm8k_split
 from .quality import MAX_REPEATS
 
@@ -97,7 +97,7 @@ class TrainConfig:
     # next-token distribution at the same position, instead of cross-entropy with the text
     unlikelihood: float = 0.0  # joint formats, with --self-distill: weight of the loss against the init's own loops
     negatives: str = ""  # more looping answers for --unlikelihood: an earlier round's OUT/self_answers.jsonl
-    eval_every: int = 0  # joint formats: every N steps, greedy Packed-SS on `CURVE` questions into OUT/curve.jsonl
+    eval_every: int = 0  # joint formats: every N steps, greedy Packed-SS on dev and held-out questions (`Curve`)
     eval_width: int = 8  # the width those evaluations decode at
 
 
@@ -316,10 +316,11 @@ def prepare(cfg: TrainConfig, log=print):
 
 def repeats(tokenizer, loops: list[dict], cfg: TrainConfig) -> list[tuple[list[int], list[int]]]:
     """Each looping own answer as (prompt + answer ids, the answer positions whose token completes a 6-gram
-    already seen): the tokens that keep a greedy loop going, which `unlikelihood_loss` makes unlikely."""
+    already seen): the tokens that keep a greedy loop going, which `with_unlikelihood` makes unlikely. The prompt is
+    the one the answer was generated in (`question_ids`, as `generate_answers` used)."""
     out = []
     for a in loops:
-        prompt = tokenizer(FORMATS[0].split("{answer}")[0].rstrip().format(question=a["question"])).input_ids
+        prompt = question_ids(tokenizer, a["question"])[0].tolist()
         ids = (prompt + tokenizer(a["answer"], add_special_tokens=False).input_ids)[: cfg.seq_len]
         seen, marked = set(), []
         for t in range(5, len(ids)):
