@@ -19,6 +19,9 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": 
                "n": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
                "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
                "response_format": (None, {"type": "text"})}
+# our fields about serving, not decoding: `request_timeout_s` (seconds; it may shorten the server's
+# --request-timeout-s, never lengthen it)
+SERVING_FIELDS = ("request_timeout_s",)
 # OpenAI fields that do not change the tokens
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "tool_choice", "stream_options",
            "model", "stream", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -33,10 +36,13 @@ class RequestError(Exception):
         self.message, self.status, self.param = message, status, param
 
     def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        if self.status == 503:
-            kind = "overloaded_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+        return error_body(self.message, self.status, self.param)
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | int | None = None) -> dict:
+    """OpenAI's error shape; `code` defaults to the HTTP status."""
+    kind = "invalid_request_error" if status < 500 else "overloaded_error" if status == 503 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
 
 
 @dataclass
@@ -51,6 +57,7 @@ class Job:
     stream: bool
     include_usage: bool
     seed: int | None
+    timeout_s: float | None = None  # the request's own bound (`request_timeout_s`); the server may bound it more
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -62,11 +69,18 @@ class Job:
         return json.dumps([self.options, self.stop, alone, None if alone is None else self.id], sort_keys=True)
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_json(raw: bytes) -> dict:
+    """The body as a dict, or a 400 saying why not: bytes that are not UTF-8, text that is not JSON (NaN and
+    Infinity included, which Python's json would take), nesting too deep to read."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RequestError(f"The request body is not valid JSON ({error}): send a JSON object, e.g. "
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise RequestError(f"The request body is not valid JSON ({reason}): send a JSON object, e.g. "
                            '{"model": "...", "prompt": "Hello", "max_tokens": 16}.') from None
     if not isinstance(body, dict):
         raise RequestError(f"The request body must be a JSON object, not {type(body).__name__}.")
@@ -95,7 +109,7 @@ def parse(body: dict, chat: bool, tokenizer, generation_config, context: int | N
         if name in body and body[name] not in allowed:
             raise RequestError(f"{name}={body[name]!r} is not supported by this server: drop it (every request "
                                "decodes one sequence exactly as generate would).", param=name)
-    unknown = sorted(set(body) - IGNORED - set(UNSUPPORTED) - set(DECODING_FIELDS))
+    unknown = sorted(set(body) - IGNORED - set(UNSUPPORTED) - set(DECODING_FIELDS) - set(SERVING_FIELDS))
     if unknown:
         raise RequestError(f"Unknown request fields {unknown}: OpenAI's fields, or {list(DECODING_FIELDS)} "
                            "(in the openai client: extra_body={...}).", param=unknown[0])
@@ -106,6 +120,9 @@ def parse(body: dict, chat: bool, tokenizer, generation_config, context: int | N
     max_tokens = _number(body, limit, int, 1)
     if max_tokens is None:
         max_tokens = generation_config.max_new_tokens or 16
+    if context is not None and len(ids) >= context:
+        raise RequestError(f"The prompt has {len(ids)} tokens and the model's context is {context}: shorten the "
+                           f"prompt to at most {context - 1} tokens.", param="messages" if chat else "prompt")
     if context is not None and len(ids) + max_tokens > context:
         raise RequestError(f"The prompt has {len(ids)} tokens; with {limit}={max_tokens} that exceeds the model's "
                            f"context of {context} tokens: shorten the prompt or lower {limit}.", param=limit)
@@ -117,7 +134,7 @@ def parse(body: dict, chat: bool, tokenizer, generation_config, context: int | N
             options["temperature"] = temperature
     if top_p is not None and top_p < 1:
         options["top_p"] = top_p
-    seed = _number(body, "seed", int, 0)
+    seed = _number(body, "seed", int, 0, 2**63 - 1)
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
@@ -128,21 +145,32 @@ def parse(body: dict, chat: bool, tokenizer, generation_config, context: int | N
     usage = body.get("stream_options") or {}
     if not isinstance(usage, dict):
         raise RequestError("stream_options must be an object such as {\"include_usage\": true}.")
+    timeout = _number(body, "request_timeout_s", float, 0)
+    if timeout == 0:
+        raise RequestError("request_timeout_s must be > 0 seconds.", param="request_timeout_s")
     return Job(chat=chat, prompt_ids=ids, max_tokens=max_tokens, options=options, stop=stop, stream=stream,
-               include_usage=bool(usage.get("include_usage")), seed=seed)
+               include_usage=bool(usage.get("include_usage")), seed=seed, timeout_s=timeout)
+
+
+def _encode(tokenizer, text: str, param: str) -> list[int]:
+    try:
+        return tokenizer(text).input_ids
+    except (TypeError, ValueError) as error:  # text the tokenizer cannot take (a lone surrogate)
+        raise RequestError(f"The {param} could not be tokenized ({error}): send valid Unicode text.",
+                           param=param) from None
 
 
 def prompt_ids(body: dict, tokenizer) -> list[int]:
     """/v1/completions: a string, or a list of token ids (one prompt per request)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return tokenizer(prompt).input_ids
+        return _encode(tokenizer, prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if not all(0 <= t < len(tokenizer) for t in prompt):
             raise RequestError(f"prompt token ids must be in [0, {len(tokenizer)}).", param="prompt")
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return tokenizer(prompt[0]).input_ids
+        return _encode(tokenizer, prompt[0], "prompt")
     raise RequestError("prompt must be a string or a list of token ids (one prompt per request; send several "
                        "requests at once and the server batches them).", param="prompt")
 
