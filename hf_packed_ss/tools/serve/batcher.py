@@ -7,8 +7,12 @@ alone (the engine's batch guarantee). While it runs, jobs with the same options 
 `max_hold_s`: then the batch takes no more rows and that job runs next, so none starves. Each row has a `Row`
 streamer: it turns tokens into text for its request, answers it as soon as the row ends, and turns `cancelled`
 (which frees the row in the engine) when its client disconnects, when it reaches its own `max_tokens` (the first
-rows decode to the largest of theirs) or when its text meets a stop string; what a row decoded past its own end is
-cut, so the answer equals a solo decode's.
+rows decode to the largest of theirs), when its text meets a stop string or when its deadline passes (the request
+timeout: it is answered with what it has, `finish_reason` "timeout"); what a row decoded past its own end is cut,
+so the answer equals a solo decode's (a timed-out one, a prefix of it).
+
+Faults: a batch whose `generate` raises answers its requests 500 and the worker goes on with the next; `cut()` (the
+end of a drain) ends the rows in flight with what they have and refuses what waits.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ class Row:
 
     @property
     def cancelled(self) -> bool:
+        """Asked by the engine after every round: the row leaves the batch (with the tokens it has) once it has
+        its answer, its client left or its deadline passed."""
+        if self.finish is None and self.ticket.expired():
+            self.finish = "timeout"
         return self.finish is not None or self.ticket.cancelled
 
     def put(self, value: torch.Tensor) -> None:
@@ -112,10 +120,18 @@ class Ticket:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
     arrived: float = field(default_factory=time.monotonic)
+    timeout_s: float | None = None  # from arrival to the deadline; None: none
+
+    def expired(self) -> bool:
+        return self.timeout_s is not None and time.monotonic() - self.arrived > self.timeout_s
 
     def emit(self, kind: str, value) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutting down): nobody is waiting
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def time_out(self) -> None:
+        """Answer a request whose deadline passed before it got a row: no text, `finish_reason` "timeout"."""
+        self.emit("end", {"text": "", "finish_reason": "timeout", "tokens": 0, "stats": {}})
 
 
 class Batcher:
@@ -139,6 +155,8 @@ class Batcher:
         self.batches, self.rows, self.failures = 0, 0, 0
         self.rows_cancelled, self.tokens_decoded = 0, 0  # rows whose client left; tokens the rows decoded
         self.rows_joined = 0  # rows that joined a running batch
+        self.rows_timed_out = 0  # requests answered at their deadline
+        self.decoding: list[Row] = []  # the running batch's rows (those that ended included)
         self.running = True
         self.thread = threading.Thread(target=self._work, name="hf-packed-ss-batcher", daemon=True)
         self.thread.start()
@@ -156,6 +174,20 @@ class Batcher:
     def queued(self) -> int:
         """Requests waiting for a row (in the queue, or taken by the worker and not yet decoding)."""
         return self.waiting.qsize() + len(self.pending)
+
+    @property
+    def active_rows(self) -> int:
+        """Rows decoding now: in the running batch and not yet ended (a row whose client left or whose deadline
+        passed ends after the round in flight)."""
+        return sum(not r.ended for r in list(self.decoding))
+
+    def cut(self, timeout: float = 5.0) -> None:
+        """The end of a drain: the rows in flight end after this round with what they have (`finish_reason`
+        "timeout"), the batch takes no new rows, and every waiting request is answered 503 (`stop`)."""
+        self.running = False
+        for row in list(self.decoding):
+            row.ticket.timeout_s = 0.0
+        self.stop(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batch in flight, answer every waiting job 503, and end the worker."""
@@ -177,24 +209,45 @@ class Batcher:
     def _work(self) -> None:
         while self.running:
             try:
-                self.pending.append(self.waiting.get(timeout=0.05))
-            except queue.Empty:
-                if not self.pending:
-                    continue
-            deadline = time.monotonic() + self.max_wait_s
-            while len(self.pending) < self.max_batch_size:
-                try:
-                    self.pending.append(self.waiting.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            live = [t for t in self.pending if not t.cancelled]  # a client that left before its batch costs nothing
-            if not live:
-                self.pending.clear()
+                self._next()
+            except Exception:  # a fault outside a batch (which `_decode` answers itself) must not stop the worker
+                log.exception("the batch worker hit an error; it goes on")
+                self.failures += 1
+
+    def _drop_gone(self) -> None:
+        """Forget pending requests whose client left; answer those whose deadline passed."""
+        keep = deque()
+        for t in self.pending:
+            if t.cancelled:
                 continue
-            key = live[0].job.key
-            group = [t for t in live if t.job.key == key][: self.max_batch_size]
-            self.pending = deque(t for t in live if t not in group)
-            self._decode(group)
+            if t.expired():
+                self.rows_timed_out += 1
+                t.time_out()
+                continue
+            keep.append(t)
+        self.pending = keep
+
+    def _next(self) -> None:
+        """Take the first waiting job, wait up to `max_wait_s` for more, and decode the ones that share its key."""
+        try:
+            self.pending.append(self.waiting.get(timeout=0.05))
+        except queue.Empty:
+            if not self.pending:
+                return
+        deadline = time.monotonic() + self.max_wait_s
+        while len(self.pending) < self.max_batch_size:
+            try:
+                self.pending.append(self.waiting.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        self._drop_gone()  # a client that left before its batch costs nothing
+        live = list(self.pending)
+        if not live:
+            return
+        key = live[0].job.key
+        group = [t for t in live if t.job.key == key][: self.max_batch_size]
+        self.pending = deque(t for t in live if t not in group)
+        self._decode(group)
 
     def _admit(self, key: str, rows: list[Row]) -> list[tuple[torch.Tensor, int, Row]]:
         """Asked by the engine between two calls: waiting jobs with this batch's options, while there is room,
@@ -204,7 +257,9 @@ class Batcher:
                 self.pending.append(self.waiting.get_nowait())
             except queue.Empty:
                 break
-        self.pending = deque(t for t in self.pending if not t.cancelled)
+        self._drop_gone()
+        if not self.running:
+            return []  # stopping: this batch ends with the rows it has
         now, room = time.monotonic(), self.max_batch_size - sum(not r.ended for r in rows)
         if room <= 0 or any(t.job.key != key and now - t.arrived > self.max_hold_s for t in self.pending):
             return []  # a job with other options has waited long enough: let this batch drain, it runs next
@@ -220,6 +275,7 @@ class Batcher:
         """One batched `generate` for jobs with one key (and those that join it); every request gets its answer
         as its row ends, or an error, whatever happens."""
         rows = [Row(t, self.tokenizer, self.eos) for t in tickets]
+        self.decoding = rows  # `_admit` appends to it: /health's active_rows
         try:
             prompts = [torch.tensor(t.job.prompt_ids) for t in tickets]
             longest = max(p.numel() for p in prompts)
@@ -245,9 +301,14 @@ class Batcher:
             for row in rows:
                 if not row.ended:
                     row.ticket.emit("error", reason)
+        finally:
+            for row in rows:  # a row the engine never ended (it failed) decodes no more
+                row.ended = True
+            self.decoding = []
         self.rows += len(rows)
         self.tokens_decoded += sum(r.stats.new_tokens for r in rows if r.stats is not None)
         self.rows_cancelled += sum(r.ticket.cancelled for r in rows)
+        self.rows_timed_out += sum(r.finish == "timeout" and not r.ticket.cancelled for r in rows)
 
 
 def summary(stats, tokens: int) -> dict:
