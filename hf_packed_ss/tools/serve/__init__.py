@@ -10,12 +10,17 @@ bundled name, never the network)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from ..bench.command import DTYPES
+
+API_KEY_ENV = "HF_PACKED_SS_API_KEY"  # the key, where a command line (seen in `ps`) should not hold it
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,8 +47,45 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file, for a model without one")
     p.add_argument("--compile", action="store_true", help="a static cache and torch.compile (one graph per "
                    "decode shape; the first request of each shape compiles)")
+    p.add_argument("--api-key", default=None, help="the key every /v1/* request must send as `Authorization: "
+                   f"Bearer KEY` (else 401; /health stays open); default: ${API_KEY_ENV}, else none")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="the largest request body; a larger one "
+                   "is refused 413 without being read (default 4 MiB)")
+    p.add_argument("--request-timeout-s", type=float, default=None, help="the longest a request may take from its "
+                   "arrival: then its row is cancelled and it is answered with what it has, finish_reason "
+                   "\"timeout\" (default: none; a request may set a shorter request_timeout_s of its own)")
+    p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM: refuse new requests (503, Retry-After), "
+                   "finish those in flight, and exit 0 within this many seconds (default 30)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
+
+
+def check_flags(args: argparse.Namespace) -> list[str]:
+    """Reject flags that cannot work (ValueError) and return the warnings for those that are risky."""
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    elif not args.api_key:
+        raise ValueError(f"--api-key is empty: give a key, or leave the flag (and ${API_KEY_ENV}) out to serve "
+                         "without one.")
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes={args.max_request_bytes}: it must be >= 1.")
+    if args.request_timeout_s is not None and args.request_timeout_s <= 0:
+        raise ValueError(f"--request-timeout-s={args.request_timeout_s:g}: it must be > 0 (or left out).")
+    if args.drain_s < 0:
+        raise ValueError(f"--drain-s={args.drain_s:g}: it must be >= 0.")
+    if args.api_key is None and not loopback(args.host):
+        return [f"listening on {args.host}, beyond loopback, without an API key: anyone who can reach this port "
+                f"can use the model. Set --api-key (or ${API_KEY_ENV})."]
+    return []
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def prepare(args: argparse.Namespace):
@@ -74,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     from ...front import check_generate
     from .app import build_app
     from .batcher import Batcher
+    from .drain import DrainingServer
+    from .gate import ServerState
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        for warning in check_flags(args):
+            print(f"hf-packed-ss serve: warning: {warning}", file=sys.stderr, flush=True)
         model, tokenizer, name = prepare(args)
         config = model.generation_config
         check_generate(model, torch.tensor([[0]]), max_new_tokens=1, streamer=[None],
@@ -88,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf-packed-ss serve: {error}", file=sys.stderr)
         return 2
     context = args.max_model_len or getattr(model.config, "max_position_embeddings", None)
-    app = build_app(model, tokenizer, name, batcher, context)
-    print(f"serving {name} ({config.assistant_mode}) on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    state = ServerState()
+    app = build_app(model, tokenizer, name, batcher, context, api_key=args.api_key,
+                    max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout_s, state=state)
+    print(f"serving {name} ({config.assistant_mode}) on http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if args.api_key else ''}", flush=True)
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level),
+                            state, batcher, args.drain_s)
+    with contextlib.suppress(KeyboardInterrupt):  # SIGINT, re-raised once uvicorn has shut down (as uvicorn.run)
+        server.run()
     print(f"hf-packed-ss serve: stopped after {batcher.batches} batches of {batcher.rows} requests", flush=True)
     return 0
