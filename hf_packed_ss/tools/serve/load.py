@@ -22,10 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def post(url: str, path: str, body: dict | bytes, timeout: float = 300.0) -> tuple[int, dict]:
+def post(url: str, path: str, body: dict | bytes, timeout: float = 300.0,
+         headers: dict | None = None) -> tuple[int, dict]:
     """POST JSON (or raw bytes); the status and the decoded JSON answer, errors included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json",
+                                                                     **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read())
@@ -33,8 +35,8 @@ def post(url: str, path: str, body: dict | bytes, timeout: float = 300.0) -> tup
         return error.code, json.loads(error.read() or b"{}")
 
 
-def get(url: str, path: str) -> dict:
-    with urllib.request.urlopen(url + path, timeout=10) as answer:
+def get(url: str, path: str, headers: dict | None = None) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers or {}), timeout=10) as answer:
         return json.loads(answer.read())
 
 
@@ -51,11 +53,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, port: int, extra: list[str], log: Path | None = None) -> subprocess.Popen:
-    """`hf-packed-ss serve` in a subprocess; returns once /health answers (or raises with its output)."""
+def start(model: str, port: int, extra: list[str], log: Path | None = None, command: list[str] | None = None,
+          env: dict | None = None) -> subprocess.Popen:
+    """`hf-packed-ss serve` in a subprocess (`command`: what runs instead of ``python -m hf_packed_ss.tools.cli
+    serve``; `env`: its environment); returns once /health answers (or raises with its output)."""
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (the process keeps it)
-    process = subprocess.Popen([sys.executable, "-m", "hf_packed_ss.tools.cli", "serve", model, "--port", str(port),
-                                "--log-level", "warning", *extra], stdout=out, stderr=subprocess.STDOUT)
+    command = command or [sys.executable, "-m", "hf_packed_ss.tools.cli", "serve"]
+    process = subprocess.Popen([*command, model, "--port", str(port), "--log-level", "warning", *extra],
+                               stdout=out, stderr=subprocess.STDOUT, env=env)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
