@@ -3,16 +3,20 @@
 Every answer is compared with `generate` on the same model in float64 (so a batched row and a solo decode cannot
 differ by a float tie): completions and chat, streamed and whole, `extra_body` options, stop strings, 32
 concurrent requests from 8 threads; bad requests get 4xx with the reason; a disconnect frees its row; a full queue
-answers 503; shutdown is clean."""
+answers 503; shutdown is clean. Then what a server in front of users needs (issue 38): the API key (401 before
+parsing), size and context limits, request timeouts, dropped whole requests, malformed bodies, a failed batch, the
+fault load of `faults.py`, and the SIGTERM drain."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -322,3 +326,396 @@ def test_transformers_serve_decodes_with_our_classes_and_continuous_batching_is_
         assert status == 200 and answer["choices"][0]["text"] == solo((net, tokenizer), ids, max_new_tokens=24)[0]
     finally:
         server.kill_server()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Serving that holds (issue 38): keys, limits, faults, drain. A second server, of the random tiny checkpoint (its
+# rows run to their limit, so a row is still decoding when a client leaves or a deadline passes), started with its
+# key in HF_PACKED_SS_API_KEY and a stand-in fault: a batch holding the prompt FAULT fails.
+
+KEY = "sk-test-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+RANDOM = "tiny-nemotron-random"
+LONG = {"prompt": "a a a a", "max_tokens": 4000}  # longer than any bound below (seconds of decoding)
+FAULT = [1001] * 4  # a prompt no other test sends
+FAULTY = f"""
+import sys
+from hf_packed_ss.tools import serve
+
+real = serve.prepare
+
+
+def prepare(args):
+    model, tokenizer, name = real(args)
+    generate = model.generate
+
+    def failing(ids, **options):
+        if (ids[:, -{len(FAULT)}:] == {FAULT[0]}).all(dim=1).any():
+            raise RuntimeError("injected fault")
+        return generate(ids, **options)
+
+    model.generate = failing
+    return model, tokenizer, name
+
+
+serve.prepare = prepare
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return bundled.load(RANDOM, torch.float64)
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """(url, process): key from the environment, a 64 KiB body limit, a 1.5 s request timeout, faults injectable."""
+    import os
+    import sys
+
+    folder = tmp_path_factory.mktemp("guarded")
+    (folder / "faulty.py").write_text(FAULTY)
+    port = load.free_port()
+    env = {**os.environ, "HF_PACKED_SS_API_KEY": KEY}
+    process = load.start(RANDOM, port, ["--dtype", "float64", "--threads", "1", "--max-wait-ms", "20",
+                                        "--max-request-bytes", "65536", "--request-timeout-s", "1.5"],
+                         folder / "log.txt", command=[sys.executable, str(folder / "faulty.py")], env=env)
+    yield f"http://127.0.0.1:{port}", process
+    process.terminate()
+    process.wait(30)
+
+
+def health(url: str) -> tuple[int, dict]:
+    """/health's status and body, 503 included."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def settled(url: str, seconds: float = 5.0) -> dict:
+    """/health once no row decodes and none waits (or after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = health(url)[1]
+        if (now["active_rows"] == 0 and now["waiting"] == 0) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.02)
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    import http.client
+
+    port = int(url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
+    reply = connection.getresponse()
+    data = reply.read()
+    connection.close()
+    return reply.status, dict(reply.getheaders()), json.loads(data) if data else {}
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+                                     {"Authorization": f"Bearer {KEY}x"}, {"Authorization": KEY}])
+@pytest.mark.parametrize("method,path", [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                         ("GET", "/v1/models")])
+def test_a_request_without_the_key_is_refused_401_before_it_is_parsed(guarded, headers, method, path):
+    before = health(guarded[0])[1]
+    body = b'{"prompt": "not even JSON' if method == "POST" else None  # 401, not the 400 parsing would give
+    status, got_headers, answer = raw(guarded[0], method, path, body, headers)
+    assert status == 401, answer
+    assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["code"] == "invalid_api_key"
+    assert "Authorization: Bearer" in answer["error"]["message"] and got_headers.get("www-authenticate") == "Bearer"
+    assert health(guarded[0])[1]["rows"] == before["rows"]  # nothing reached the batcher
+
+
+def test_the_key_opens_every_endpoint_and_health_stays_open(guarded, random_model):
+    url = guarded[0]
+    code, now = health(url)
+    assert code == 200 and now["status"] == "ok" and {"active_rows", "waiting"} <= set(now)
+    assert [m["id"] for m in load.get(url, "/v1/models", AUTH)["data"]] == [RANDOM]
+    assert raw(url, "POST", "/v1/completions", b'{"prompt": "x", ', AUTH)[0] == 400  # with the key: parsed
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    prompt = "b c d"
+    text, _ = solo(random_model, random_model[1](prompt).input_ids, max_new_tokens=24)
+    assert client.completions.create(model=RANDOM, prompt=prompt, max_tokens=24).choices[0].text == text
+    with pytest.raises(openai.AuthenticationError, match="Incorrect API key"):
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_the_key_is_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    from hf_packed_ss.tools.serve import gate
+
+    seen, compare = [], hmac.compare_digest
+
+    def spy(a, b):
+        seen.append((a, b))
+        return compare(a, b)
+
+    monkeypatch.setattr(gate.hmac, "compare_digest", spy)
+    key = KEY.encode()
+    assert gate.authorised([(b"authorization", b"Bearer " + key)], key) is True
+    assert gate.authorised([(b"authorization", b"bearer " + key)], key) is True  # the scheme is case-insensitive
+    assert gate.authorised([(b"authorization", b"Bearer nope")], key) is False
+    assert gate.authorised([(b"authorization", b"Basic " + key)], key) is False
+    assert gate.authorised([], key) is None
+    assert seen == [(key, key), (key, key), (b"nope", key), (key, key)]  # every key present went through it
+
+
+def test_flags_the_key_from_the_environment_and_the_loopback_warning(monkeypatch):
+    from hf_packed_ss.tools.serve import check_flags, loopback, parser
+
+    monkeypatch.setenv("HF_PACKED_SS_API_KEY", "from-env")
+    args = parser().parse_args([MODEL])
+    assert check_flags(args) == [] and args.api_key == "from-env"
+    args = parser().parse_args([MODEL, "--api-key", "from-flag", "--host", "0.0.0.0"])
+    assert check_flags(args) == [] and args.api_key == "from-flag"  # the flag wins; with a key, no warning
+    monkeypatch.delenv("HF_PACKED_SS_API_KEY")
+    assert "without an API key" in check_flags(parser().parse_args([MODEL, "--host", "0.0.0.0"]))[0]
+    assert check_flags(parser().parse_args([MODEL, "--host", "::1"])) == []
+    assert [loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "0.0.0.0", "10.0.0.1", "::",
+                                  "example.com")] == [True, True, True, True, False, False, False, False]
+    for bad in (["--api-key", ""], ["--max-request-bytes", "0"], ["--request-timeout-s", "0"], ["--drain-s", "-1"]):
+        with pytest.raises(ValueError):
+            check_flags(parser().parse_args([MODEL, *bad]))
+
+
+def test_listening_beyond_loopback_without_a_key_warns_at_start(tmp_path):
+    """The warning comes before the model loads (here a folder that does not exist, so nothing binds); with a key
+    there is none (`check_flags`, above)."""
+    import sys
+
+    command = [sys.executable, "-m", "hf_packed_ss.tools.cli", "serve", str(tmp_path / "none")]
+    out = subprocess.run([*command, "--host", "0.0.0.0"], capture_output=True, text=True, env=_no_key_env())
+    assert out.returncode != 0 and "warning: listening on 0.0.0.0, beyond loopback, without an API key" in out.stderr
+
+
+def _no_key_env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "HF_PACKED_SS_API_KEY"}
+
+
+def test_a_body_over_the_limit_is_refused_413_without_being_read(guarded):
+    """A declared Content-Length of 1 GiB with 20 bytes sent: answered at once; a chunked body is read only until
+    it passes the limit; the server goes on serving."""
+    import http.client
+
+    port = int(guarded[0].rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    connection.putrequest("POST", "/v1/completions")
+    for name, value in {**AUTH, "Content-Type": "application/json", "Content-Length": str(1 << 30)}.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    connection.send(b'{"prompt": "a a a a ')
+    begin = time.monotonic()
+    reply = connection.getresponse()
+    answer = json.loads(reply.read())
+    assert reply.status == 413 and "over this server's limit of 65536 bytes" in answer["error"]["message"]
+    assert time.monotonic() - begin < 5
+    connection.close()
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    connection.putrequest("POST", "/v1/completions")
+    for name, value in {**AUTH, "Content-Type": "application/json", "Transfer-Encoding": "chunked"}.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    chunk = b"a" * 16384
+    sent = 0
+    with contextlib.suppress(OSError):  # the server may close before all is sent: that is the point
+        for _ in range(64):  # 1 MiB offered, 64 KiB allowed
+            connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+    reply = connection.getresponse()
+    assert reply.status == 413
+    connection.close()
+    assert load.post(guarded[0], "/v1/completions", {"prompt": "b c", "max_tokens": 4}, headers=AUTH)[0] == 200
+
+
+def test_a_prompt_longer_than_the_context_is_refused_400_with_the_lengths(guarded, random_model):
+    prompt = "x " * 5000
+    n = len(random_model[1](prompt).input_ids)
+    status, answer = load.post(guarded[0], "/v1/completions", {"prompt": prompt}, headers=AUTH)
+    assert status == 400 and f"The prompt has {n} tokens and the model's context is 4096" in answer["error"]["message"]
+    status, answer = load.post(guarded[0], "/v1/completions", {"prompt": "x " * 100, "max_tokens": 4090},
+                               headers=AUTH)
+    assert status == 400 and "The prompt has 101 tokens; with max_tokens=4090" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_timeout_cancels_the_row_and_answers_with_what_it_has(guarded, random_model, stream):
+    """`request_timeout_s` 0.5 s (the request's own) and --request-timeout-s 1.5 s (the server's): the row is cut
+    there, answered with its tokens so far (the solo decode's first ones) and finish_reason "timeout"."""
+    url = guarded[0]
+    before = health(url)[1]
+    for own, bound in ((0.5, 0.5), (None, 1.5)):
+        body = {**LONG} if own is None else {**LONG, "request_timeout_s": own}
+        begin = time.monotonic()
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        if stream:
+            chunks = list(client.completions.create(model=RANDOM, stream=True, stream_options={"include_usage": True},
+                                                    extra_body=({} if own is None else {"request_timeout_s": own}),
+                                                    prompt=LONG["prompt"], max_tokens=LONG["max_tokens"]))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            tokens = chunks[-1].usage.completion_tokens
+        else:
+            status, answer = load.post(url, "/v1/completions", body, headers=AUTH)
+            assert status == 200, answer
+            text, finish = answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]
+            tokens = answer["usage"]["completion_tokens"]
+        took = time.monotonic() - begin
+        assert finish == "timeout" and 0 < tokens < LONG["max_tokens"]
+        assert bound - 0.05 < took < bound + 2.0
+        ids = random_model[1](LONG["prompt"]).input_ids
+        assert text == solo(random_model, ids, max_new_tokens=tokens)[0]
+    now = settled(url)
+    assert now["active_rows"] == 0 and now["rows_timed_out"] == before["rows_timed_out"] + 2
+
+
+def test_a_whole_request_whose_client_leaves_frees_its_row_at_once(guarded):
+    """No stream: the client gives up after 0.5 s; the row leaves the batch within one round, not at its end."""
+    import http.client
+
+    url = guarded[0]
+    before = health(url)[1]
+    port = int(url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)
+    connection.request("POST", "/v1/completions", json.dumps(LONG), {"Content-Type": "application/json", **AUTH})
+    time.sleep(0.3)
+    assert health(url)[1]["active_rows"] == 1  # decoding
+    with pytest.raises(TimeoutError):
+        connection.getresponse()
+    connection.close()
+    left = time.monotonic()
+    now = settled(url, 5.0)
+    assert now["active_rows"] == 0 and time.monotonic() - left < 1.0
+    assert now["rows_cancelled"] == before["rows_cancelled"] + 1
+    assert now["tokens_decoded"] - before["tokens_decoded"] < LONG["max_tokens"] // 2
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": NaN}'),
+    ("/v1/completions", b'{"prompt": "x", "temperature": Infinity}'),
+    ("/v1/completions", b"[" * 50000),  # deeper than Python's json can nest
+    ("/v1/completions", b'{"prompt": "\xff\xfe"}'),
+    ("/v1/completions", b""),
+    ("/v1/completions", json.dumps({"prompt": "\ud800 lone surrogate"}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "x", "seed": 2**70}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "x", "speculative_width": "4"}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "x", "assistant_mode": 5}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "x", "request_timeout_s": 0}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "x", "request_timeout_s": "soon"}).encode()),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": 5}]}).encode()),
+])
+def test_malformed_requests_are_400_never_500(guarded, path, body):
+    status, _, answer = raw(guarded[0], "POST", path, body, AUTH)
+    assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+
+
+def test_a_failed_batch_answers_its_requests_500_and_the_server_keeps_serving(guarded, random_model):
+    url = guarded[0]
+    before = health(url)[1]
+    status, answer = load.post(url, "/v1/completions", {"prompt": FAULT, "max_tokens": 8}, headers=AUTH)
+    assert status == 500 and "injected fault" in answer["error"]["message"]
+    assert answer["error"]["type"] == "server_error"
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    with pytest.raises(openai.APIError, match="injected fault"):
+        list(client.completions.create(model=RANDOM, prompt=FAULT, max_tokens=8, stream=True))
+    prompt = "e f g"
+    text, _ = solo(random_model, random_model[1](prompt).input_ids, max_new_tokens=16)
+    status, answer = load.post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 16}, headers=AUTH)
+    assert status == 200 and answer["choices"][0]["text"] == text
+    now = settled(url)
+    assert now["status"] == "ok" and now["failures"] == before["failures"] + 2 and now["active_rows"] == 0
+
+
+def test_the_fault_load_leaves_no_row_active_and_every_answer_equal_to_its_solo_decode(guarded, capsys):
+    """tools/serve/faults.py, small: 40 requests from 8 clients, with a quarter of the streams dropped, a tenth
+    malformed, timeouts and wrong keys; it exits 0 only when everything it checks holds."""
+    from hf_packed_ss.tools.serve import faults
+
+    code = faults.main(["--url", guarded[0], "--pid", str(guarded[1].pid), "--api-key", KEY, "--requests", "40",
+                        "--clients", "8", "--distinct", "8", "--max-tokens", "16", "--long-tokens", "2000"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "rows left active after: 0" in out and "all hold: True" in out
+
+
+def _start_plain(tmp_path, extra: list[str]):
+    port = load.free_port()
+    process = load.start(RANDOM, port, ["--threads", "1", *extra], tmp_path / "log.txt", env=_no_key_env())
+    return f"http://127.0.0.1:{port}", process
+
+
+def _stream_lines(url: str, body: dict):
+    """A streamed request's connection and its open response (to read event by event)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                       {"Content-Type": "application/json"})
+    reply = connection.getresponse()
+    assert reply.status == 200
+    return connection, reply
+
+
+def _read_stream(reply) -> tuple[str, str | None]:
+    """The text and finish_reason of a stream read to `data: [DONE]` (raw lines: one chunk holds whole events)."""
+    text, finish = [], None
+    for line in iter(reply.fp.readline, b""):
+        if line.strip() == b"data: [DONE]":
+            break
+        if line.startswith(b"data: "):
+            for choice in json.loads(line[6:]).get("choices", []):
+                text.append(choice["text"])
+                finish = choice["finish_reason"] or finish
+    return "".join(text), finish
+
+
+def test_sigterm_drains_refuses_new_requests_finishes_rows_in_flight_and_exits_0(tmp_path, random_model):
+    """SIGTERM while a stream decodes: new requests get 503 with Retry-After, /health says draining, the stream
+    ends whole (equal to its solo decode), and the process exits 0."""
+    url, process = _start_plain(tmp_path, ["--drain-s", "30", "--dtype", "float64"])
+    try:
+        body = {"prompt": "h i j", "max_tokens": 800}
+        connection, reply = _stream_lines(url, body)
+        reply.fp.readline()
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, headers, answer = raw(url, "POST", "/v1/completions", json.dumps({"prompt": "x"}).encode())
+        assert status == 503 and int(headers["retry-after"]) >= 1 and "shutting down" in answer["error"]["message"]
+        code, now = health(url)
+        assert code == 503 and now["status"] == "draining" and now["active_rows"] == 1
+        text, finish = _read_stream(reply)
+        connection.close()
+        assert process.wait(30) == 0
+    finally:
+        process.kill()
+    ids = random_model[1](body["prompt"]).input_ids
+    assert finish == "length" and text == solo(random_model, ids, max_new_tokens=body["max_tokens"])[0]
+    log = (tmp_path / "log.txt").read_text()
+    assert "draining (1 requests in flight" in log and "stopped after 1 batches of 1 requests" in log
+
+
+def test_sigterm_exits_within_drain_s_cutting_rows_still_decoding(tmp_path):
+    """--drain-s 2 and a row of 4000 tokens: at the bound it ends with what it has (finish_reason "timeout") and
+    the process has exited 0 within the bound (and a little for the interpreter to end)."""
+    url, process = _start_plain(tmp_path, ["--drain-s", "2"])
+    try:
+        connection, reply = _stream_lines(url, LONG)
+        reply.fp.readline()
+        begin = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        text, finish = _read_stream(reply)
+        connection.close()
+        assert process.wait(30) == 0
+        took = time.monotonic() - begin
+    finally:
+        process.kill()
+    assert finish == "timeout" and text
+    assert took < 2.0 + 1.0, took
