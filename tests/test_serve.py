@@ -502,7 +502,8 @@ def _no_key_env() -> dict:
 
 def test_a_body_over_the_limit_is_refused_413_without_being_read(guarded):
     """A declared Content-Length of 1 GiB with 20 bytes sent: answered at once; a chunked body is read only until
-    it passes the limit; the server goes on serving."""
+    it passes the limit; an 8 MiB body sent whole before the answer is read gets the 413 too; the server goes on
+    serving."""
     import http.client
 
     port = int(guarded[0].rsplit(":", 1)[1])
@@ -533,6 +534,9 @@ def test_a_body_over_the_limit_is_refused_413_without_being_read(guarded):
     reply = connection.getresponse()
     assert reply.status == 413
     connection.close()
+    # a client that sends all of a large body before it reads (urllib) still reads the 413, not a reset
+    status, answer = load.post(guarded[0], "/v1/completions", {"prompt": "a " * (4 << 20)}, headers=AUTH)
+    assert status == 413 and answer["error"]["code"] == 413
     assert load.post(guarded[0], "/v1/completions", {"prompt": "b c", "max_tokens": 4}, headers=AUTH)[0] == 200
 
 

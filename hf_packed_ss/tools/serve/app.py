@@ -53,8 +53,9 @@ def build_app(model, tokenizer, name: str, batcher: Batcher, context: int | None
             bounds = [t for t in (request_timeout_s, job.timeout_s) if t is not None]
             ticket = Ticket(job, asyncio.get_running_loop(), timeout_s=min(bounds) if bounds else None)
             batcher.submit(ticket)
-        except RequestError as error:
-            return JSONResponse(error.body(), status_code=error.status)
+        except RequestError as error:  # a full queue (503) says when to come back
+            return JSONResponse(error.body(), status_code=error.status,
+                                headers={"Retry-After": "1"} if error.status == 503 else None)
         if job.stream:
             return StreamingResponse(events(ticket), media_type="text/event-stream")
         return await whole(ticket, request)

@@ -6,11 +6,14 @@ size, read whole), in OpenAI's error shape:
    in constant time (`hmac.compare_digest`), so the time to refuse says nothing of how much of a guess was right;
 2. draining (SIGTERM, `drain.py`): 503 with `Retry-After`;
 3. the size (`--max-request-bytes`): a `Content-Length` over the limit is refused 413 at once, and a body sent
-   without one (chunked) is read only until it passes the limit.
+   without one (chunked) is read only until it passes the limit. The 413 goes out first; then what the client
+   still sends is discarded (never kept) for at most `LINGER_S`, as nginx's lingering close does, since a client
+   that is still sending when the connection closes under it (urllib does) reads a reset instead of the 413.
 It also counts the requests in flight, which a drain waits for."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from .protocol import error_body
 
 OPEN_PATHS = ("/health",)
+LINGER_S = 2.0  # how long the rest of a refused body is discarded before the connection closes
 
 
 @dataclass
@@ -46,17 +50,37 @@ def authorised(headers: list[tuple[bytes, bytes]], key: bytes) -> bool | None:
     return same and scheme.lower() == b"bearer"
 
 
-async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """A JSON answer straight to ASGI `send`; `Connection: close`, since the body may be unread."""
+async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = (), then=None) -> None:
+    """A JSON answer straight to ASGI `send`; `Connection: close`, since the body may be unread. `then`: awaited
+    once the answer has gone out, before the response ends (and the connection with it)."""
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                             (b"connection", b"close"), *headers]})
-    await send({"type": "http.response.body", "body": data})
+    await send({"type": "http.response.body", "body": data, "more_body": then is not None})
+    if then is not None:
+        await then
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def linger(receive, seconds: float = LINGER_S) -> None:
+    """Discard the rest of a request body until it ends, the client leaves, or `seconds` have passed."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
 
 
 class TooLarge(Exception):
-    pass
+    """A body past the limit; `more`: whether the client has more of it to send."""
+
+    def __init__(self, more: bool):
+        super().__init__()
+        self.more = more
 
 
 class Gate:
@@ -87,10 +111,11 @@ class Gate:
         if scope["method"] in ("POST", "PUT", "PATCH"):
             try:
                 receive = await self.bounded(scope, receive)
-            except TooLarge:
+            except TooLarge as large:
                 return await answer(send, 413, error_body(
                     f"The request body is over this server's limit of {self.max_request_bytes} bytes: send a "
-                    "shorter prompt (or start the server with a larger --max-request-bytes).", 413))
+                    "shorter prompt (or start the server with a larger --max-request-bytes).", 413),
+                                    then=linger(receive) if large.more else None)
             if receive is None:
                 return  # the client left while it sent the body
         self.state.in_flight += 1
@@ -104,7 +129,7 @@ class Gate:
         the client's (so the app still hears a disconnect); None if the client disconnected."""
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
-            raise TooLarge
+            raise TooLarge(more=True)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -113,7 +138,7 @@ class Gate:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_request_bytes:
-                raise TooLarge
+                raise TooLarge(more=message.get("more_body", False))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
