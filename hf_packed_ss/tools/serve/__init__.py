@@ -1,6 +1,13 @@
 """``hf-packed-ss serve MODEL``: an OpenAI-compatible server that decodes with Packed-SS (or any schedule a request
 names), batching concurrent requests (`batcher.py`) behind the endpoints of `app.py`.
 
+In front of users: `--api-key` (or $HF_PACKED_SS_API_KEY) closes every path but /health (401 before the body is
+read; `gate.py`), `--max-request-bytes` refuses a large body 413 unread, a prompt past the context is refused 400
+with the lengths, `--request-timeout-s` (or a request's shorter `request_timeout_s`) cuts a row and answers what it
+has (`finish_reason` "timeout"), a client that leaves frees its row at once, a failed batch answers its requests
+500 and the server goes on, and SIGTERM drains within `--drain-s` (`drain.py`). `faults.py` checks all of it under
+load.
+
 Why not `transformers serve`: its handlers run generation through its own managers (one `generate` at a time, or
 continuous batching that calls the model's forward itself and bypasses our decoder), which live in the private
 `transformers.cli.serving.utils`; batching our rows would mean patching them. The endpoints and chunk format are
