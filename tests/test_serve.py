@@ -708,7 +708,7 @@ def test_sigterm_drains_refuses_new_requests_finishes_rows_in_flight_and_exits_0
 
 def test_sigterm_exits_within_drain_s_cutting_rows_still_decoding(tmp_path):
     """--drain-s 2 and a row of 4000 tokens: at the bound it ends with what it has (finish_reason "timeout") and
-    the process has exited 0 within the bound (and a little for the interpreter to end)."""
+    the process has exited 0 within the bound."""
     url, process = _start_plain(tmp_path, ["--drain-s", "2"])
     try:
         connection, reply = _stream_lines(url, LONG)
@@ -722,4 +722,4 @@ def test_sigterm_exits_within_drain_s_cutting_rows_still_decoding(tmp_path):
     finally:
         process.kill()
     assert finish == "timeout" and text
-    assert took < 2.0 + 1.0, took
+    assert took < 2.0 + 0.5, took  # the bound, and a little for a slow machine

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import logging
 import os
 import sys
 from pathlib import Path
@@ -151,4 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT, re-raised once uvicorn has shut down (as uvicorn.run)
         server.run()
     print(f"hf-packed-ss serve: stopped after {batcher.batches} batches of {batcher.rows} requests", flush=True)
+    if state.draining:  # everything is answered and closed: skip the interpreter's teardown (about a second with
+        sys.stderr.flush()  # torch and transformers loaded), which --drain-s would otherwise have to leave room for
+        logging.shutdown()
+        os._exit(0)
     return 0

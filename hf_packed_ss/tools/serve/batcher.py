@@ -195,6 +195,7 @@ class Batcher:
         self.thread.join(timeout)
         for ticket in self.pending:
             ticket.emit("error", RequestError("The server shut down before this request ran.", status=503))
+        self.pending = deque()
         while True:
             try:
                 ticket = self.waiting.get_nowait()
@@ -210,9 +211,14 @@ class Batcher:
         while self.running:
             try:
                 self._next()
-            except Exception:  # a fault outside a batch (which `_decode` answers itself) must not stop the worker
+            except Exception as error:  # a fault outside a batch (`_decode` answers its own) must not stop the worker
                 log.exception("the batch worker hit an error; it goes on")
                 self.failures += 1
+                reason = RequestError(f"The server failed to schedule this request: {type(error).__name__}: "
+                                      f"{error}", status=500)
+                for ticket in self.pending:  # answered, so that the same fault cannot repeat on them
+                    ticket.emit("error", reason)
+                self.pending = deque()
 
     def _drop_gone(self) -> None:
         """Forget pending requests whose client left; answer those whose deadline passed."""
