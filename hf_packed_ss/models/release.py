@@ -37,7 +37,36 @@ def shared_weight_twin(model: nn.Module) -> NemotronLabsDiffusionModel:
     with torch.device(_rope_device(model)):  # non-persistent rope buffers are not in the state dict
         twin.encoder.rotary_emb = type(twin.encoder.rotary_emb)(config)
     copy_dispatch_hooks(model, twin)
+    copy_tensor_parallel_forwards(model, twin)
     return twin.eval()
+
+
+def copy_tensor_parallel_forwards(model: nn.Module, twin: nn.Module) -> None:
+    """Give each module of `twin` the tensor-parallel forward of the same-named module of a sharded `model`.
+
+    Under `from_pretrained(..., distributed_config=DistributedConfig(tp_plan="auto"))` transformers shards a
+    module's parameters into DTensors and replaces its `forward` (`TensorParallelLayer.install_forward`) with one
+    that turns plain inputs into DTensors and back; the twin shares those DTensors, so it needs the same forwards,
+    installed on its own modules with the same style (from the model's public `tp_plan`) and mesh (the DTensor
+    parameters' `device_mesh`). The one detail that is not API: a hooked module holds `forward` in its instance
+    `__dict__` (pinned by tests/test_tensor_parallel.py, which fails with "mixed torch.Tensor and DTensor" if
+    transformers stops doing so)."""
+    plan = getattr(model, "tp_plan", None) or {}
+    if not plan or (getattr(model, "tp_size", None) or 1) < 2:
+        return  # not sharded
+    import re
+
+    from torch.distributed.tensor import DTensor
+    from transformers.integrations.tensor_parallel import ALL_PARALLEL_STYLES
+
+    rules = [(re.compile(re.escape(k).replace(r"\*", r"\d+") + r"\Z"), style) for k, style in plan.items()]
+    for name, module in model.named_modules():
+        style = next((style for rule, style in rules if rule.match(name)), None)
+        if style is None or "forward" not in vars(module):
+            continue  # not in the plan (a parameter rule, or replicated), or transformers left it as it is
+        mesh = next((p.device_mesh for p in module.parameters(recurse=False) if isinstance(p, DTensor)), None)
+        if mesh is not None:
+            ALL_PARALLEL_STYLES[style].install_forward(twin.get_submodule(name), mesh)
 
 
 def copy_dispatch_hooks(model: nn.Module, twin: nn.Module) -> None:
