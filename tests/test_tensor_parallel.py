@@ -136,3 +136,21 @@ def test_misconfigured_world_is_a_clear_error(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "torchrun --nproc-per-node" in done.stderr and "RANK" in done.stderr
+
+
+def test_a_released_model_with_remote_code_under_tensor_parallelism(tmp_path, monkeypatch):
+    """A release folder (its own modeling code) loaded with trust_remote_code=True and `enable`d: the twin it decodes
+    through shares the DTensor weights and gets the model's TP forwards (`copy_tensor_parallel_forwards`), so greedy
+    decoding, seeded sampling (every rank the same seed) and a batch all give what one process gives, and every
+    rank the same. Without those forwards the twin fails ("mixed torch.Tensor and DTensor")."""
+    from release import release_folder
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = release_folder(tmp_path)
+    one, tp = _compare(tmp_path, "--model", str(folder), "--trust-remote-code", "--schedules", "ar", "packed_ss",
+                       "--sample-seed", "3", "--batch")
+    assert tp["ranks_agree"] and tp["sampled"] == one["sampled"] and tp["batched"] == one["batched"]
+    assert one["batched"] == one["outputs"]  # a batched row is its prompt decoded alone
+    assert one["sampled"]["ar"] != one["outputs"]["ar"]  # it sampled
+    _assert_sharded(tp, "encoder.layers.0.self_attn.q_proj.weight", 0)

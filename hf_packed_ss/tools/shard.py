@@ -17,7 +17,10 @@ shape and the local shape each rank holds. On CUDA the backend is nccl (one GPU 
 `--adapter FOLDER` loads a PEFT LoRA adapter onto the (sharded) model, to exercise the proposal-only gate on
 shards: PEFT shards the adapter with its base layers, and the same adapter must draft the same proposals, so the
 NFE must match one process's too. `--trust-remote-code` loads a released folder with its own class and
-`hf_packed_ss.enable`s it (one process only for now: the twin it decodes through lacks the TP forwards).
+`hf_packed_ss.enable`s it (the twin it decodes through gets the TP forwards of the model's sharded modules).
+`--sample-seed SEED` also samples with every schedule from a generator seeded SEED on every rank (`sampled`), and
+`--batch` also decodes all prompts as one left-padded batch (`batched`: each row must be its prompt's `outputs`);
+`ranks_agree` says whether every rank decoded the same tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a released folder with its own code: AutoModel(trust_remote_code=True) + enable()")
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                         help="torch.distributed backend (auto: nccl on CUDA, gloo on CPU)")
+    parser.add_argument("--sample-seed", type=int, default=None,
+                        help="also sample (do_sample=True) with a generator of this seed, the same on every rank")
+    parser.add_argument("--batch", action="store_true", help="also decode the prompts as one batch")
     parser.add_argument("--out", type=Path, help="JSON file written by rank 0 (default: print it)")
     return parser.parse_args(argv)
 
@@ -154,6 +160,55 @@ def decode(net, prompts: list[torch.Tensor], schedules: list[str], max_new_token
     return outputs, nfe
 
 
+def sample(net, prompts: list[torch.Tensor], schedules: list[str], max_new_tokens: int, seed: int) -> dict:
+    """Sampled new tokens per schedule and prompt: each decode from a fresh generator seeded `seed` (every rank
+    draws the same numbers, so every rank accepts and samples the same tokens from the same all-reduced logits)."""
+    outputs = {}
+    for schedule in schedules:
+        mode, _, branches = schedule.partition(":")
+        extra = {"speculative_branches": int(branches)} if branches else {}
+        outputs[schedule] = []
+        for ids in prompts:
+            generator = torch.Generator(device=ids.device).manual_seed(seed)
+            out = net.generate(input_ids=ids, assistant_mode=mode, max_new_tokens=max_new_tokens, do_sample=True,
+                               generator=generator, **extra)
+            outputs[schedule].append(out[0, ids.shape[1]:].tolist())
+    return outputs
+
+
+def batched(net, prompts: list[torch.Tensor], schedules: list[str], max_new_tokens: int, pad: int) -> dict:
+    """Greedy new tokens per schedule of all prompts decoded as one left-padded batch (the row's own tokens)."""
+    longest = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), longest), pad, dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, longest - p.shape[1]:], mask[b, longest - p.shape[1]:] = p[0], 1
+    outputs = {}
+    for schedule in schedules:
+        mode, _, branches = schedule.partition(":")
+        extra = {"speculative_branches": int(branches)} if branches else {}
+        streamers = [Tokens() for _ in prompts]  # each row's own tokens, without the batch's padding
+        net.generate(input_ids=ids, attention_mask=mask, assistant_mode=mode, max_new_tokens=max_new_tokens,
+                     do_sample=False, pad_token_id=pad, streamer=streamers, **extra)
+        outputs[schedule] = [s.tokens for s in streamers]
+    return outputs
+
+
+class Tokens:
+    """A streamer that keeps a row's new tokens (the first put is the prompt)."""
+
+    def __init__(self):
+        self.tokens, self.prompt_seen = [], False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt_seen:
+            self.tokens.extend(value.reshape(-1).tolist())
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, backend, device = init_distributed(args.backend)
@@ -163,8 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [torch.tensor([list(t)], device=device) for t in texts]
         started = time.perf_counter()
         outputs, nfe = decode(net, prompts, args.schedules, args.max_new_tokens)
+        decoded = {"outputs": outputs}
+        if args.sample_seed is not None:
+            decoded["sampled"] = sample(net, prompts, args.schedules, args.max_new_tokens, args.sample_seed)
+        if args.batch:
+            pad = net.generation_config.pad_token_id
+            decoded["batched"] = batched(net, prompts, args.schedules, args.max_new_tokens, 0 if pad is None else pad)
+        agree = [None] * world
+        if world > 1:
+            dist.all_gather_object(agree, decoded)
         report = {"model": args.model, "dtype": args.dtype, "world_size": world, "backend": backend,
-                  "adapter": str(args.adapter) if args.adapter else None, "outputs": outputs, "nfe": nfe,
+                  "adapter": str(args.adapter) if args.adapter else None, **decoded, "nfe": nfe,
+                  "ranks_agree": world == 1 or all(a == decoded for a in agree),
                   "decode_s": time.perf_counter() - started, "tp_plan": dict(getattr(net, "tp_plan", None) or {}),
                   "sharded": shard_shapes(net, world)}
         if rank == 0:
