@@ -19,14 +19,35 @@ def model_forward(model: torch.nn.Module, batched: bool = False) -> Forward:
     the one sequence, ``(r, V)``, or with `batched` of every row, ``(batch, r, V)``.
 
     A proposal-only adapter (see `models/lora.py`) is told which rows are proposal rows for each call."""
+    from .families import family
+
     cache_kw = cache_keyword(model)
+    fam = family(model.config)
+    stock_causal = not batched and fam is not None and not fam.any_order  # a SetDLM plain forward lays out more
+    causal: dict[int, tuple[torch.Tensor, bool]] = {}  # per template (held, so its id is not reused)
+
+    def plain_causal(call) -> bool:
+        """Whether the call is what stock `generate` would make: rows that each see the cache and the rows before
+        them, no proposal rows (AR's calls, a prefill)."""
+        template = call.new_rows_mask
+        if not stock_causal or template is None or call.proposal_start < call.rows:
+            return False
+        held = causal.get(id(template))
+        if held is None or held[0] is not template:
+            if len(causal) > 64:
+                causal.clear()
+            held = causal[id(template)] = template, bool(torch.equal(template, template.tril()))
+        return held[1]
 
     def forward(call, cache):
+        # A plain causal call goes without our 4D mask, so transformers picks the kernels stock `generate` runs
+        # (one row: SDPA with GQA in the kernel; a prompt: is_causal): bit for bit stock's AR in every dtype,
+        # where in bfloat16 the masked kernel rounds differently now and then.
         with proposal_rows(model, call.proposal_start):
             out = model(
                 input_ids=call.input_ids,
                 position_ids=call.position_ids,
-                attention_mask=call.attention_mask,
+                attention_mask=None if plain_causal(call) else call.attention_mask,
                 use_cache=True,
                 logits_to_keep=call.logit_rows,
                 **{cache_kw: cache},

@@ -60,7 +60,7 @@ class _RowGate:
                 gate = self.rows[:, None].to(result.dtype)
                 for name in layer.active_adapters:
                     if name in layer.lora_A:
-                        update = _lora_update(layer, name, x)
+                        update = _lora_update(layer, name, x).to(result.dtype)  # PEFT may keep it float32
                         result = result + update * (layer.scaling[name] * gate)
                 return result
             start = self.start

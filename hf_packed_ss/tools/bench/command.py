@@ -23,11 +23,13 @@ from . import auto, compiled, report
 from .grading import grade
 from .measure import (
     COMPILED,
+    DTYPE_MARK,
     PEERS,
     REFERENCE,
     STOCK,
     Measurement,
     Settings,
+    compiled_variant,
     decoder_for,
     near_tie,
     run_interleaved,
@@ -39,6 +41,7 @@ from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, load_suite, question_i
 
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 BASELINE = "linear_ss"
+BEST_STOCK = "best-stock"  # --baseline: whichever stock generate variant measured the highest throughput
 
 
 def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
@@ -59,7 +62,13 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
                         f"{HYBRID}:{DEFAULT_BRANCHES}; e.g. --schedules packed_ss {HYBRID}:2 {HYBRID}:4 quadratic_ss) "
                         f"(default: ar linear_ss quadratic_ss packed_ss {HYBRID}:{DEFAULT_BRANCHES} stock "
                         "prompt_lookup, plus native on SetDLM)")
-    p.add_argument("--baseline", default=BASELINE, help="schedule the paired ratios divide by")
+    p.add_argument("--baseline", default=BASELINE,
+                   help=f"schedule the paired ratios divide by; {BEST_STOCK!r}: the stock generate variant (eager, "
+                        "compiled, --stock-dtypes) with the highest throughput")
+    p.add_argument("--stock-dtypes", nargs="+", default=[], choices=[d for d in DTYPES if d != "auto"],
+                   metavar="DTYPE", help=f"also run stock generate eagerly on the checkpoint loaded in each DTYPE "
+                                         f"(rows stock{DTYPE_MARK}DTYPE), interleaved with the rest: e.g. float32 "
+                                         "beside a bfloat16 run, so the fastest stock configuration is in the race")
     p.add_argument("--width", type=int, default=None, help="speculative width W (default: each schedule's)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
@@ -70,7 +79,8 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the suite")
     p.add_argument("--repeats", type=int, default=1, help="responses per prompt and schedule")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="auto: bfloat16 on CUDA and on CPUs with native bfloat16 (AVX512-BF16, AMX), else float32")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and the plots")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
@@ -90,11 +100,21 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     return p
 
 
+def fastest_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 where the hardware runs it natively: CUDA, and a CPU with AVX512-BF16 or AMX (oneDNN's
+    kernels: a call of 16 rows costs about what one of 1 row does once compiled, where float32's grows with the
+    rows); float32 elsewhere. In bfloat16 AR is stock `generate` bit for bit and the speculative schedules leave
+    it only at near-ties (docs/experiments/bf16_exactness.py); float32/float64 keep every schedule identical."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    native = device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return torch.bfloat16 if native else torch.float32
+
+
 def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """`--device` and `--dtype` as given, `auto` by what this machine runs fastest (`fastest_dtype`)."""
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, getattr(torch, dtype)
+    return dev, fastest_dtype(dev) if dtype == "auto" else getattr(torch, dtype)
 
 
 def default_schedules(model) -> list[str]:
@@ -165,6 +185,11 @@ def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, s
     kept = [r for r in m.records if r.prompt in done]
     active = m.active
     baseline, note = args.baseline, None
+    if baseline == BEST_STOCK and complete:
+        stock = [s for s in active if compiled_variant(s)[0].split(DTYPE_MARK)[0] == STOCK]
+        totals = per_prompt_totals(kept, stock, complete)
+        baseline = max(stock, key=lambda s: totals[s].tokens.sum() / totals[s].time_s.sum(), default=BEST_STOCK)
+        note = f"baseline: the fastest stock variant, {baseline!r}"
     if baseline not in active and active:
         baseline, note = active[0], f"baseline {args.baseline!r} was not measured; ratios are to {active[0]!r}"
     ratios = {}
@@ -225,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     model.to(device)
     schedules = args.schedules or (["ar", "packed_ss"] if args.batch_size else default_schedules(model))
     check_schedules(schedules, model)
+    stock_models = {d: load_model(args.model, getattr(torch, d))[0].to(device) for d in args.stock_dtypes}
     inputs = [encode(tokenizer, p, args.chat, args.shots).to(device) for p in prompts]
     settings = Settings(args.max_new_tokens, args.width, args.temperature, args.top_k, args.top_p,
                         args.prompt_lookup_tokens)
@@ -238,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     # new length (its automatic dynamic shapes) does so before timing, as ours never needs to
     ends = [inputs[0]] + ([min(inputs, key=lambda x: x.shape[1]), max(inputs, key=lambda x: x.shape[1])]
                           if args.compile else [])
-    decode = decoder_for(model, settings)
+    schedules += [STOCK + DTYPE_MARK + d for d in stock_models]
+    decode = decoder_for(model, settings, stock_models)
     if auto.AUTO in schedules:  # every response's time as the cost model predicted it just before the decode
         decode = auto.forecasting(decode, model)
     m = run_interleaved(decode, schedules, prompts, inputs, args.repeats, args.seed,

@@ -6,7 +6,7 @@ size per schedule for the whole suite so no timed decode recompiles (each record
 it ran).
 Compile time is the warm-up's and is reported apart from decoding time. The section adds, from the same run:
 compiled vs eager throughput per schedule, compiled vs compiled stock with the break-even tokens/NFE, and the
-compiled Packed-SS call against a bare compiled forward of the same rows (`probe.bare_compiled_call`).
+compiled Packed-SS call against a bare compiled forward of the same rows (`probe.bare_call`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import asdict
 
-import torch
-
 from ...engine import Greedy
 from ...engine.schedules import AutoSchedule
 from ...engine.static import steady_rows
 from ...front.families import default_width, family
 from ...front.generate import compile_options
-from .measure import COMPILED, PEERS, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
+from .measure import COMPILED, DTYPE_MARK, PEERS, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
 from .statistics import paired_intervals, per_prompt_totals
 
 PACKED = "packed_ss"
@@ -29,8 +27,9 @@ PACKED = "packed_ss"
 
 def variants(schedules: list[str]) -> list[str]:
     """Each schedule followed by its compiled variant (auto has none: its calls change rows, which a static
-    cache's one compiled shape refuses)."""
-    return [name for s in schedules for name in ((s,) if s.startswith(AutoSchedule.name) else (s, s + COMPILED))]
+    cache's one compiled shape refuses; nor has stock in another dtype, `--stock-dtypes`, an eager reference)."""
+    return [name for s in schedules
+            for name in ((s,) if s.startswith(AutoSchedule.name) or DTYPE_MARK in s else (s, s + COMPILED))]
 
 
 def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tuple[tuple[str, int], ...]:
@@ -71,53 +70,26 @@ def _per_call(records) -> tuple[float, float]:
 
 def call_limit(model, records, settings: Settings, inputs, iters: int = 200) -> dict | None:
     """A compiled Packed-SS call against a bare compiled forward of as many rows (plain causal mask, transformers'
-    `StaticCache` of the same size, the same cached context: `probe.bare_compiled_call`), timed interleaved.
+    `StaticCache` of the same size, the same cached context: `probe.bare_call`), timed interleaved.
     Ours is a real steady call of a decode of the suite's first prompt, through the very `StaticForward` and
     slot cache `generate` used (padding, in-graph mask and slot bookkeeping included). Also, from the timed
     records: the model call and the whole iteration inside real decodes, where the loop's work between calls
     (layout, acceptance, bookkeeping, and colder CPU caches for the next call) comes on top."""
     from transformers import GenerationConfig
 
-    from ...engine import decode
-    from ...front.forward import static_forward
-    from ...models.lora import proposal_only_adapters
-    from .measure import sync
-    from .probe import bare_compiled_call, time_interleaved
+    from .probe import bare_call, packed_call, time_interleaved
 
     ok = [r for r in records if r.error is None and r.nfe > 1]
     if not ok:
         return None
-    decoder = getattr(model, "_hf_packed_ss_twin", model)
-    fam, config = family(decoder.config), decoder.config
-    schedule = fam.schedules[PACKED](ok[0].width, Greedy())
-    layout = fam.layout(config.mask_token_id, static_shapes=True)
-    rows = steady_rows(schedule, layout)
-    compiled = settings.compiled(PACKED)
-    options = compile_options(GenerationConfig(**compiled), decoder.device)
-    forward, cache = static_forward(decoder, rows, compiled["max_cache_len"], options)
-    calls = []
-    prompt = inputs[0][0]
-    with torch.inference_mode(), proposal_only_adapters(decoder):
-        decode(forward, schedule, layout, prompt, settings.max_new_tokens, cache=cache,
-               trace=lambda step: calls.append((step.call, cache.length - step.call.rows)))
-        steady = [(c, at) for c, at in calls[1:] if c.rows == rows] or calls[1:]
-        call, context = steady[len(steady) // 2]  # mid-decode
-
-    def packed() -> None:
-        with torch.inference_mode():
-            cache.length = context
-            forward(call, cache)
-            sync(decoder.device)
-
-    def bare_synced() -> None:
-        bare()
-        sync(decoder.device)
-
-    bare = bare_compiled_call(model, rows, cache.capacity, options, context=context)
-    timed = time_interleaved({"packed": packed, "bare": bare_synced}, iters)
+    options = compile_options(GenerationConfig(**settings.compiled(PACKED)), model.device)
+    packed, rows, context, slots = packed_call(model, ok[0].width, settings.compiled(PACKED)["max_cache_len"],
+                                               options, inputs[0][0], settings.max_new_tokens)
+    bare = bare_call(model, rows, slots, options, context=context)
+    timed = time_interleaved({"packed": packed, "bare": bare}, iters)
     ours, bare_s = timed["packed"], timed["bare"]
     model_s, decoder_s = _per_call(ok)
-    return {"rows": rows, "context": context, "cache_slots": cache.capacity, "bare_forward_ms": bare_s * 1e3,
+    return {"rows": rows, "context": context, "cache_slots": slots, "bare_forward_ms": bare_s * 1e3,
             "call_ms": ours * 1e3, "call_ratio": ours / bare_s, "in_decode_model_call_ms": model_s * 1e3,
             "in_decode_iteration_ms": decoder_s * 1e3, "in_decode_model_call_ratio": model_s / bare_s,
             "in_decode_iteration_ratio": decoder_s / bare_s}

@@ -36,6 +36,7 @@ REFERENCE = ARSchedule.name
 BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
 
 
+DTYPE_MARK = "/"  # ``stock/float32``: stock generate on the checkpoint loaded in float32 (bench --stock-dtypes)
 WIDTH_MARK = "@"  # ``packed_ss@4``: the schedule at speculative_width=4, whatever --width says
 
 
@@ -89,11 +90,15 @@ class Settings:
 
     def compiled(self, schedule: str) -> dict:
         """`generate` options of `schedule`'s `+compile` variant, alike for our schedules and stock: a static cache
-        of the schedule's one size for the whole suite (no recompile while timed) and a `CompileConfig` (stock on
-        the CPU also needs `_compile_all_devices`)."""
+        of the schedule's one size for the whole suite (no recompile while timed) and a `CompileConfig`, with our
+        decoder's default inductor options unless a mode is asked (stock on the CPU also needs
+        `_compile_all_devices`)."""
         from transformers import CompileConfig
 
-        config = CompileConfig() if self.compile_mode is None else CompileConfig(mode=self.compile_mode)
+        from ...front.generate import INDUCTOR_OPTIONS
+
+        config = (CompileConfig(mode=None, options=dict(INDUCTOR_OPTIONS)) if self.compile_mode is None
+                  else CompileConfig(mode=self.compile_mode))
         config._compile_all_devices = True
         return {"cache_implementation": "static", "compile_config": config,
                 "max_cache_len": dict(self.cache_lengths).get(schedule)}
@@ -235,11 +240,14 @@ def near_tie(model, ids: torch.Tensor, reference: list[int], tokens: list[int]) 
 
 
 
-def decoder_for(model, settings: Settings) -> Decode:
-    """Dispatch a bench schedule name to the call that measures it."""
+def decoder_for(model, settings: Settings, stock_models: dict | None = None) -> Decode:
+    """Dispatch a bench schedule name to the call that measures it; ``stock/DTYPE`` is stock `generate` on
+    `stock_models[DTYPE]`, the same checkpoint loaded in that dtype."""
 
     def measured(schedule: str, ids: torch.Tensor) -> dict:
         schedule, compiled = compiled_variant(schedule)
+        if schedule.startswith(STOCK + DTYPE_MARK):
+            return decode_stock(stock_models[schedule.removeprefix(STOCK + DTYPE_MARK)], ids, settings)
         if schedule == STOCK:
             return decode_stock(model, ids, settings, compiled=compiled)
         if schedule == PROMPT_LOOKUP:

@@ -72,10 +72,11 @@ def time_batched(model, shapes: list[tuple[int, int]], context: int = 128, iters
     return {shape: stats.median(t) for shape, t in times.items()}
 
 
-def bare_compiled_call(model, rows: int, capacity: int, compile_kwargs: dict, context: int = 128, seed: int = 0):
-    """A bare compiled forward of `rows` new rows, as a no-argument callable: the model alone over transformers'
+def bare_call(model, rows: int, capacity: int, compile_kwargs: dict | None, context: int = 128, seed: int = 0):
+    """A bare forward of `rows` new rows, as a no-argument callable: the model alone over transformers'
     `StaticCache` of `capacity` slots holding a `context`-token prompt, a plain causal 4D mask built once, the
-    cache moved back after each call. The floor a compiled packed call of as many rows is held to."""
+    cache moved back after each call; compiled with `compile_kwargs` (None: eager). The floor a packed call of as
+    many rows is held to."""
     from transformers import StaticCache
 
     decoder = getattr(model, "_hf_packed_ss_twin", model)
@@ -92,7 +93,7 @@ def bare_compiled_call(model, rows: int, capacity: int, compile_kwargs: dict, co
         return decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
                        **{cache_kw: cache}).logits
 
-    graph = torch.compile(forward, **compile_kwargs)
+    graph = forward if compile_kwargs is None else torch.compile(forward, **compile_kwargs)
     with torch.inference_mode():
         prompt = torch.randint(vocab, (1, context), generator=g).to(device)
         forward(prompt, torch.arange(context, device=device)[None], causal(0, context))
@@ -103,8 +104,44 @@ def bare_compiled_call(model, rows: int, capacity: int, compile_kwargs: dict, co
         with torch.inference_mode():
             graph(*inputs)
             cache.crop(-rows)  # back to the prompt: the static layers move their position back
+            sync(device)
 
     return call
+
+
+def packed_call(model, width: int, capacity: int, compile_kwargs: dict | None, prompt: torch.Tensor,
+                new_tokens: int = 64, mode: str = "packed_ss"):
+    """A real steady call of schedule `mode` (Packed-SS by default) at `width`, as a no-argument callable, with its
+    rows, cached context and cache slots: a greedy decode of `prompt` runs through the very `StaticForward` and
+    slot cache `generate` uses (static shapes: padding, in-graph mask, slot bookkeeping and a proposal-only
+    adapter included; compiled with `compile_kwargs`, None: eager), and a call from mid-decode is replayed at
+    its own cache length."""
+    from ...engine import Greedy, decode
+    from ...engine.static import steady_rows
+    from ...front.families import family
+    from ...front.forward import static_forward
+    from ...models.lora import proposal_only_adapters
+
+    decoder = getattr(model, "_hf_packed_ss_twin", model)
+    fam, config = family(decoder.config), decoder.config
+    schedule = fam.schedules[mode](width, Greedy())
+    layout = fam.layout(config.mask_token_id, static_shapes=True)
+    rows = steady_rows(schedule, layout)
+    forward, cache = static_forward(decoder, rows, capacity, compile_kwargs)
+    calls = []
+    with torch.inference_mode(), proposal_only_adapters(decoder):
+        decode(forward, schedule, layout, prompt, new_tokens, cache=cache,
+               trace=lambda step: calls.append((step.call, cache.length - step.call.rows)))
+    steady = [(c, at) for c, at in calls[1:] if c.rows == rows] or calls[1:]
+    call, context = steady[len(steady) // 2]  # mid-decode
+
+    def replay() -> None:
+        with torch.inference_mode(), proposal_only_adapters(decoder):
+            cache.length = context
+            forward(call, cache)
+            sync(decoder.device)
+
+    return replay, rows, context, cache.capacity
 
 
 def time_interleaved(calls: dict, iters: int = 200, warmup: int = 3) -> dict:
@@ -277,6 +314,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", default=None, metavar="FILE",
                    help="measure the call cost auto uses (real decodes at every width, the loop included) and write "
                         "it to FILE for generate(..., cost_model=FILE); nothing else is probed")
+    p.add_argument("--curve", default=None, metavar="FOLDER",
+                   help="the call-cost curve instead: bare forwards and Packed-SS calls against rows for each "
+                        "--dtypes, eager and compiled, the context a real prompt's; writes FOLDER/curve.json and "
+                        "curve.png (nothing else is probed)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16", "float16"),
+                   help="--curve: the dtypes")
+    p.add_argument("--compiled", nargs="+", default=["eager", "compiled"], choices=("eager", "compiled"),
+                   help="--curve: eager, compiled (static cache + torch.compile) or both")
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 3, 7, 15, 31],
+                   help="--curve: Packed-SS widths timed (static shapes: 2W + 2 rows)")
     return p
 
 
@@ -291,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = resolve(args.device or config.get("device", "auto"), args.dtype or config.get("dtype", "auto"))
     model_name = args.model or config.get("model", "tiny-nemotron-random")
     torch.manual_seed(args.seed)
+    if args.curve:
+        return curve_main(args, model_name, device)
     model, tokenizer = load_model(model_name, dtype)
     model.to(device)
     if args.cost_model:
@@ -353,3 +402,17 @@ def write_cost_model(model, tokenizer, name: str, path: Path) -> int:
         print(f"  {kind:<7}" + ", ".join(f"{rows}: {point[0] * 1e3:.2f} ms" for rows, point in sorted(table.items())))
     print(f"Use it: model.generate(..., assistant_mode='auto', cost_model={str(path)!r})")
     return 0
+
+
+def curve_main(args, model_name: str, device: torch.device) -> int:
+    from ..cli import QUESTION, load_model
+    from . import curve
+    from .suites import question_ids
+
+    def load(dtype: torch.dtype):
+        return load_model(model_name, dtype)[0].to(device)
+
+    tokenizer = load_model(model_name, torch.float32)[1]
+    return curve.main(model_name, question_ids(tokenizer, QUESTION)[0].to(device), load, args.dtypes,
+                      [c == "compiled" for c in args.compiled], sorted(set(args.rows)), args.widths, args.iters,
+                      Path(args.curve))
