@@ -25,8 +25,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 try:
     import hf_packed_ss  # noqa: F401  (registers the model formats)
 except ModuleNotFoundError as err:  # run from a checkout without `pip install -e .`
@@ -482,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hf-packed-ss demo", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help=f"bundled checkpoint or local folder (default: the first "
                         f"bundled of {', '.join(DEFAULT_MODELS)})")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
+                        help="auto: bfloat16 where the hardware runs it natively (CUDA, AVX512-BF16/AMX), else float32")
     parser.add_argument("--device", default="cpu", help="torch device for the model, e.g. cuda")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7860, help="0 = any free port")
@@ -497,8 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     name = args.model or default_model()
-    model, tokenizer = load_model(name, getattr(torch, args.dtype))
-    model.to(args.device)
+    from hf_packed_ss.tools.bench.command import resolve
+
+    device, dtype = resolve(args.device, args.dtype)
+    model, tokenizer = load_model(name, dtype)
+    model.to(device)
     app = build_app(model, tokenizer, name, replay_s=tuple(args.replay_seconds), max_new_tokens=args.max_new_tokens,
                     repeats=args.repeats, race_concurrency=args.concurrency, warmup=not args.no_warmup)
     launch(app, args.host, args.port or None, concurrency=args.concurrency)

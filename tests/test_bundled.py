@@ -38,7 +38,9 @@ def test_generation_config_json_round_trip(tmp_path):
     assert torch.equal(stock, out.sequences)
 
 
-QUICK = ["--model", "tiny-nemotron-gsm8k", "--no-progress", "--warmup-tokens", "2", "--probe-iters", "1"]
+# float32: where every exact schedule is token-identical to AR, so a difference is a failure (exit code 1)
+QUICK = ["--model", "tiny-nemotron-gsm8k", "--no-progress", "--warmup-tokens", "2", "--probe-iters", "1",
+         "--dtype", "float32"]
 
 
 def test_run_command_prints_every_schedule(capsys):
@@ -54,6 +56,16 @@ def test_run_command_prints_every_schedule(capsys):
         assert column in printed
     assert "Fastest on this machine: " in printed and "call costs" in printed and "bare forward" in printed
     assert "Timing: median of 2 repeat(s)" in printed
+
+
+def test_run_command_compiles_every_schedule_with_stock(capsys):
+    """`run --compile`: each schedule, stock included, is its static-cache compiled variant under its own name,
+    compiled in the warm-up, and still equal to AR."""
+    assert main(["run", "--max-new-tokens", "8", "--width", "2", "--repeats", "1", "--compile", "--no-probe",
+                 "--schedules", "ar", "packed_ss", "stock", *QUICK]) == 0
+    table = capsys.readouterr().out.split("same as ar")[1]
+    rows = {line.split()[0]: line.split()[-1] for line in table.splitlines()[2:] if line.strip()}
+    assert rows.keys() >= {"ar", "packed_ss", "stock"} and rows["packed_ss"] == rows["stock"] == "yes"
 
 
 def _fake_decode(calls: list, seconds: dict, wrong: str | None = None):

@@ -72,12 +72,12 @@ def load_model(name_or_path: str, dtype: torch.dtype):
     return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
-def summarise_run(records: list, schedules: list[str]) -> list[dict]:
+def summarise_run(records: list, schedules: list[str], exact: bool = True) -> list[dict]:
     """One row per schedule from the timed repeats (`bench.record.Record`s of one prompt): the median repeat's
     figures (the repeat of median tokens/s), the speed-up over `ar` (tokens/s, median over median, with the range
     of the per-round ratios), the break-even tokens/NFE (the tokens/NFE at which the schedule would exactly match
     AR here: its time per NFE over AR's, times AR's tokens/NFE) and whether every repeat's tokens equal AR's of
-    the same round."""
+    the same round (not `exact`, in reduced precision, a difference is a rounding, not a failure)."""
     from .bench.repeats import median_index, relative_range, speedup, spread
 
     by = {s: sorted((r for r in records if r.schedule == s and r.error is None), key=lambda r: r.repeat)
@@ -113,7 +113,8 @@ def summarise_run(records: list, schedules: list[str]) -> list[dict]:
         if ar and s != REFERENCE:
             row["break_even"] = per_nfe / ar_per_nfe * ar_tokens_per_nfe
             equal = all(r.tokens == ar_tokens[r.repeat] for r in paired)
-            row["same"] = "yes" if equal else ("no (not exact)" if s in NOT_EXACT else "NO")
+            row["same"] = "yes" if equal else ("no (not exact)" if s in NOT_EXACT else "NO" if exact
+                                               else "no (rounding)")
         rows.append(row)
     return rows
 
@@ -197,11 +198,23 @@ def write_json(path: Path, args: argparse.Namespace, name: str, device, dtype, r
         "errors": m.errors, "records": [r.to_dict() for r in m.records]}, indent=1, default=str))
 
 
+def decoder(model, settings, compiled: bool):
+    """The bench's decoder for `run`'s schedule names; `compiled`: each one's `+compile` variant, under its name."""
+    from .bench.measure import COMPILED, decoder_for
+
+    decode = decoder_for(model, settings)
+    return (lambda schedule, ids: decode(schedule + COMPILED, ids)) if compiled else decode
+
+
 def run_command(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import hf_packed_ss  # noqa: F401
 
+    from .bench.auto import AUTO
     from .bench.command import check_schedules, resolve
-    from .bench.measure import Settings, decoder_for, run_interleaved
+    from .bench.compiled import cache_lengths
+    from .bench.measure import COMPILED, Settings, run_interleaved
     from .bench.suites import Prompt
 
     for flag in ("repeats", "max_new_tokens"):
@@ -221,9 +234,17 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"{name} on {device} ({str(dtype).removeprefix('torch.')}{threads}), greedy, up to {args.max_new_tokens} "
           f"new tokens; {warm}, then timed repeats, schedules interleaved in rotating order; medians reported.",
           flush=True)
+    settings = Settings(args.max_new_tokens, args.width)
+    if args.compile:
+        if any(s.startswith(AUTO) for s in args.schedules):
+            raise SystemExit("--compile: auto changes its call shape as it goes, which one compiled graph refuses; "
+                             "drop auto from --schedules.")
+        settings = replace(settings, cache_lengths=cache_lengths(model, [s + COMPILED for s in args.schedules], [ids],
+                                                                 settings))
     per_token = 0.0  # estimated seconds per token of one round of all schedules, from the warm-up
-    if args.warmup_tokens:  # one-time costs (first calls, allocator growth) stay out of the timings
-        warm_up = decoder_for(model, Settings(min(args.warmup_tokens, args.max_new_tokens), args.width))
+    if args.warmup_tokens:  # one-time costs (first calls, allocator growth, compiling) stay out of the timings
+        warm_up = decoder(model, replace(settings, max_new_tokens=min(args.warmup_tokens, args.max_new_tokens)),
+                          args.compile)
         for mode in args.schedules:
             torch.manual_seed(0)
             try:
@@ -233,10 +254,10 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
             per_token += done["decoder_time_s"] / max(1, done["new_tokens"])
     repeats = args.repeats or auto_repeats(per_token * args.max_new_tokens)
-    m = run_interleaved(decoder_for(model, Settings(args.max_new_tokens, args.width)), args.schedules,
+    m = run_interleaved(decoder(model, settings, args.compile), args.schedules,
                         [Prompt("run", args.prompt or QUESTION)], [ids], repeats, warmup=False,
                         progress=not args.no_progress)
-    rows = summarise_run(m.records, args.schedules)
+    rows = summarise_run(m.records, args.schedules, exact=dtype in (torch.float32, torch.float64))
     print()
     for r in rows:
         print(f"[{r['schedule']}] {tokenizer.decode(r['text_tokens'])!r}")
@@ -317,7 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the benchmark: the "
                      "fair setting on a shared CPU; 0 = torch's default)")
     run.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
-    run.add_argument("--dtype", default="float32", choices=["auto", "float32", "float64", "bfloat16", "float16"])
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "float64", "bfloat16", "float16"],
+                     help="auto: bfloat16 where the hardware runs it natively (CUDA, AVX512-BF16/AMX), else float32; "
+                          "float32/float64 keep every exact schedule token-identical to AR, bfloat16 only AR to "
+                          "stock generate (a schedule may leave AR at a near-tie)")
+    run.add_argument("--compile", action="store_true",
+                     help="every schedule (stock included) with a static cache and torch.compile (frozen weights on "
+                          "the CPU), the fastest configuration on a CPU with native bfloat16; the warm-up compiles "
+                          "(about a minute per schedule on 2 CPU cores, cached on disk after)")
     run.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
                      help="time bare forwards of 1 and of each schedule's rows per call to explain the result")
     run.add_argument("--probe-iters", type=int, default=3, help="timed forwards per row count in the probe")
