@@ -86,8 +86,11 @@ class _Compiled:
 
     def compiled(self, *inputs, rows: int, start: int) -> torch.Tensor:
         """The graph on `inputs`; a compiled call marks an adapter's proposal rows (`start:` of `rows`) with a cached
-        bool tensor, as a changing `start` would be a new graph. Counts the time of a call that compiled."""
+        bool tensor, as a changing `start` would be a new graph (a call without any runs the base alone). Counts
+        the time of a call that compiled."""
         gate = getattr(self.model, "_hf_packed_ss_gate", None)
+        if start >= rows:  # no proposal rows (AR): the graph of the base model alone, no adapter computed
+            gate = None
         if gate is not None:
             gate.rows = self._gates.get((rows, start))
             if gate.rows is None:

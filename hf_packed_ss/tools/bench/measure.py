@@ -223,12 +223,14 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
 
 _GRAPHS = counters["stats"]
 NEAR_TIE = 1e-4  # relative logit gap under which two tokens are a near-tie of the AR mode
+NEAR_TIE_ULPS = 4  # ... or this many roundings of the model's dtype (bfloat16: a few percent of the logit)
 
 
 def near_tie(model, ids: torch.Tensor, reference: list[int], tokens: list[int]) -> bool:
     """Whether the first token where `tokens` leaves `reference` (the AR mode's greedy output) was a near-tie:
     the AR mode's own logits there (one plain forward of the prompt and the common prefix) put the two tokens
-    within `NEAR_TIE` of each other, relative to the larger."""
+    within `NEAR_TIE` (or `NEAR_TIE_ULPS` roundings of the model's dtype, if wider) of each other, relative to
+    the larger."""
     i = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b), None)
     if i is None:  # one is a prefix of the other: the first difference is where one stopped
         return False
@@ -236,7 +238,13 @@ def near_tie(model, ids: torch.Tensor, reference: list[int], tokens: list[int]) 
     with torch.inference_mode():
         logits = model(input_ids=prefix).logits[0, -1].double()
     a, b = logits[reference[i]], logits[tokens[i]]
-    return bool(abs(a - b) <= NEAR_TIE * max(1.0, float(abs(a))))
+    tolerance = max(NEAR_TIE, NEAR_TIE_ULPS * torch.finfo(logits_dtype(model)).eps)
+    return bool(abs(a - b) <= tolerance * max(1.0, float(abs(a))))
+
+
+def logits_dtype(model) -> torch.dtype:
+    """The dtype the model computes in (its first floating parameter's)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 
