@@ -53,7 +53,7 @@ def plot(curve: dict, file: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    fig = Figure(figsize=(10, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for i, (name, c) in enumerate(curve["configurations"].items()):
@@ -75,7 +75,7 @@ def plot(curve: dict, file: Path) -> Path:
     ax.set_ylabel("ms per call")
     ax.set_title(f"{curve['model']}: call cost against rows, {curve['context']} cached tokens, "
                  f"{curve['threads']} thread(s); verticals: steady calls at W={curve['width']}", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.savefig(file, dpi=120)
     return file
 
@@ -87,10 +87,10 @@ def main(model_name: str, prompt: torch.Tensor, load, dtypes: list[str], compile
     from ...front.generate import INDUCTOR_OPTIONS
 
     out.mkdir(parents=True, exist_ok=True)
-    configurations, config = {}, None
+    configurations, config, generation_config = {}, None, None
     for dtype in dtypes:
         model = load(getattr(torch, dtype))
-        config = model.config
+        config, generation_config = model.config, model.generation_config
         for compile_ in compiled:
             name = f"{dtype} {'compiled' if compile_ else 'eager'}"
             options = {"fullgraph": False, "dynamic": False, "options": dict(INDUCTOR_OPTIONS)} if compile_ else None
@@ -101,7 +101,7 @@ def main(model_name: str, prompt: torch.Tensor, load, dtypes: list[str], compile
             print(f"{name}: AR call {c['ar_ms']:.1f} ms; bare forward {bare} ms; Packed-SS {packed} ms", flush=True)
         del model
     fam = family(config)
-    width = default_width(config, "packed_ss")
+    width = getattr(generation_config, "speculative_width", None) or default_width(config, "packed_ss")
     curve = {"model": model_name, "context": int(prompt.numel()), "threads": torch.get_num_threads(),
              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "width": width,
              "schedule_rows": schedule_rows(fam.any_order, width), "configurations": configurations}
