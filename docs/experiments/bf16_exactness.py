@@ -57,7 +57,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = bundled.load(args.model, getattr(torch, args.dtype))
-    prompts = (load_suite("jsonl:" + str(HELD_OUT_FILE))[-args.limit:]
+    prompts = (load_suite("gsm8k", str(HELD_OUT_FILE))[-args.limit:]
                + load_suite("humaneval")[-args.limit:])
     rows = []
     for mode in args.modes:
