@@ -335,7 +335,7 @@ def test_bench_compile_runs_each_schedule_eager_and_compiled(tmp_path, capsys):
     out = tmp_path / "bench"
     assert cli_main(["bench", "--model", "tiny-nemotron-random", "--limit", "2", "--max-new-tokens", "8", "--compile",
                      "--schedules", "ar", "packed_ss", "stock", "--resamples", "50", "--out", str(out),
-                     "--no-progress"]) == 0
+                     "--no-progress", "--dtype", "float32"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["schedules"] == ["ar", "ar+compile", "packed_ss", "packed_ss+compile", "stock", "stock+compile"]
     assert not results["errors"], results["errors"]
@@ -355,7 +355,7 @@ def test_bench_compile_runs_each_schedule_eager_and_compiled(tmp_path, capsys):
 def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     code = cli_main(["bench", "--model", "tiny-nemotron-random", "--limit", "2", "--max-new-tokens", "8",
-                     "--repeats", "1", "--out", str(out), "--no-progress"])
+                     "--repeats", "1", "--out", str(out), "--no-progress", "--dtype", "float32"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     schedules = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss:2", "auto", "stock", "prompt_lookup"]
@@ -478,7 +478,8 @@ def test_bench_batch_size_against_stock_batched_generate(tmp_path, capsys):
     intervals, the engine's share, the crossover and the probe's prediction, all in batched.json."""
     out = tmp_path / "b"
     assert cli_main(["bench", "--model", "tiny-nemotron-random", "--batch-size", "2", "--limit", "2",
-                     "--max-new-tokens", "3", "--repeats", "2", "--out", str(out), "--no-progress"]) == 0
+                     "--max-new-tokens", "3", "--repeats", "2", "--out", str(out), "--no-progress",
+                     "--dtype", "float32"]) == 0
     text = capsys.readouterr().out
     results = json.loads((out / "batched.json").read_text())
     assert results["batch_sizes"] == [1, 2] and results["schedules"] == ["stock", "ar", "packed_ss"]
