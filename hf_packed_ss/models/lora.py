@@ -92,7 +92,8 @@ def _groups(model: nn.Module, layers: list[nn.Module]) -> dict[int, _Group]:
         if len(members) < 2 or len(adapters) != 1 or len(next(iter(adapters))) != 1:
             continue
         name = members[0].active_adapters[0]
-        if any(hasattr(m.lora_A[name].weight, "device_mesh") or name not in m.lora_A for m in members):
+        if any(name not in m.lora_A or hasattr(m.lora_A[name].weight, "device_mesh")
+               or hasattr(m.lora_B[name].weight, "device_mesh") for m in members):
             continue  # a tensor-parallel adapter goes through PEFT's sharded modules
         fused = _Group(members, name)
         out.update({id(m): fused for m in members})
