@@ -546,20 +546,64 @@ def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep, limit)
     assert [g.tolist() for g in got[2:]] == [a.tolist() for a in alone]
 
 
+@pytest.mark.parametrize("mode,width", [("packed_ss", 7), ("ar", 1)])
+def test_rows_join_a_static_batch_into_its_free_rows_as_their_solo_decodes(trained, mode, width):
+    """A compiled server's batch: a `SlotCache` of 3 rows. Arrivals take the rows of those that finished and wait
+    while none is free; one whose prompt is longer than the cache moves the rows in use right; the cache is never
+    reallocated; every row gets exactly its solo tokens and calls."""
+    from hf_packed_ss.engine import ShiftedBlockLayout
+    from hf_packed_ss.engine.batch import Arrival
+    from hf_packed_ss.engine.static import steady_rows
+    from hf_packed_ss.front.forward import static_batch_forward
+
+    model, tokenizer = trained
+    prompts, eos = _questions(tokenizer, 2), [tokenizer.eos_token_id]
+    extra = _questions(tokenizer, 5, skip=9)
+    long = torch.cat([extra[1], extra[2], extra[3]])  # longer than the batch's cache when it joins
+    plan = {1: [(extra[4], 20), (long, 30)], 3: [(extra[2], 12)], 6: [(extra[3], 25), (extra[1], 8)]}
+    calls, joined, seen = [0], [], []
+
+    def admit():
+        calls[0] += 1
+        new = [Arrival(schedule_for(model, mode, width), ShiftedBlockLayout(model.config.mask_token_id, True), p, n)
+               for p, n in plan.get(calls[0], [])]
+        joined.extend(new)
+        return new
+
+    schedules, layouts = _plain(model, mode, width, 2)
+    rows = steady_rows(schedules[0], layouts[0])
+    forward, cache = static_batch_forward(model, 3, rows, 600, None)
+    with torch.no_grad():
+        got, total = decode_batch(forward, schedules, layouts, prompts, 40, eos, lockstep=True, cache=cache,
+                                  admit=admit, trace=lambda batch, call: seen.append(
+                                      (batch.valid.shape[0], batch.length, batch.cache.length,
+                                       tuple(layer.keys.data_ptr() for layer in batch.cache.layers))))
+        alone = [decode(model_forward(model), *(x[0] for x in _plain(model, mode, width, 1)), p, n, eos)
+                 for p, n in [*((p, 40) for p in prompts), *((a.prompt, a.max_new_tokens) for a in joined)]]
+    assert len(got) == len(total.per_row) == 7
+    assert [g.tolist() for g in got] == [s.tolist() for s, _ in alone]
+    for row, (_, stats) in zip(total.per_row, alone, strict=True):
+        assert (row.nfe, row.accepted_per_iteration, row.new_tokens) == (
+            stats.nfe, stats.accepted_per_iteration, stats.new_tokens)
+    assert max(m for m, *_ in seen) == 3 and all(length == slots for _, length, slots, _ in seen)
+    assert len({keys for *_, keys in seen}) == 1  # the same tensors throughout: the graph's inputs never changed
+
+
 def test_admit_refuses_what_a_joining_row_cannot_share(nemotron):
     ids = torch.tensor([[5, 6, 7]])
     with pytest.raises(ValueError, match="admit= takes a callable"):
         nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=[1])
-    with pytest.raises(ValueError, match="dynamic cache only"):
-        nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=list,
-                          cache_implementation="static")
+    with pytest.raises(ValueError, match="max_batch_size=1: the most rows"):
+        nemotron.generate(ids.expand(2, -1), assistant_mode="packed_ss", max_new_tokens=3, admit=list,
+                          cache_implementation="static", max_batch_size=1)
     with pytest.raises(ValueError, match="min_new_tokens"):
         nemotron.generate(ids, assistant_mode="packed_ss", max_new_tokens=3, admit=list, min_new_tokens=2)
 
 
 def test_generate_with_admit_decodes_joining_rows_as_alone(trained):
     """The front: `generate(..., streamer=[...], admit=fn)` hands each joining prompt its own schedule, layout and
-    limit; its streamer gets exactly its solo tokens (and its statistics), `sequences` the batch's own rows."""
+    limit; its streamer gets exactly its solo tokens (and its statistics), `sequences` the batch's own rows; over a
+    static cache too (a lockstep batch of `max_batch_size` rows, or row after row)."""
     model, tokenizer = trained
     prompts = _questions(tokenizer, 4, skip=2)
     eos = tokenizer.eos_token_id
@@ -570,11 +614,12 @@ def test_generate_with_admit_decodes_joining_rows_as_alone(trained):
             stats[id(self)] = s
 
     ids, mask = _left_padded(prompts[:2], pad=eos)
-    for mode in ("packed_ss", "linear_ss"):
+    static = {"cache_implementation": "static", "max_batch_size": 3, "max_cache_len": 512}  # lockstep; row by row
+    for mode, options in (("packed_ss", {}), ("linear_ss", {}), ("packed_ss", static), ("linear_ss", static)):
         queue = [(prompts[2], 30, Stats()), (prompts[3], 12, Stats())]
         joined = list(queue)
         out = model.generate(ids, attention_mask=mask, assistant_mode=mode, max_new_tokens=20, pad_token_id=eos,
-                             return_dict_in_generate=True, admit=lambda q=queue: [q.pop(0)] if q else [])
+                             return_dict_in_generate=True, admit=lambda q=queue: [q.pop(0)] if q else [], **options)
         for p, n, streamer in joined:
             alone = model.generate(p[None], assistant_mode=mode, max_new_tokens=n, return_dict_in_generate=True)
             assert [t for put in streamer.puts[1:] for t in put] == alone.sequences[0, p.numel():].tolist()

@@ -282,17 +282,23 @@ def _has(command: str) -> bool:
     return shutil.which(command) is not None
 
 
-def test_compile_serves_through_the_static_cache_graph(tmp_path, model):
-    """`--compile`: a static cache and torch.compile; the answers are still `generate`'s (eager, dynamic cache)."""
+def test_compile_serves_through_the_static_cache_graph_and_rows_join_it(tmp_path, model):
+    """`--compile`: a static cache of --max-batch-size rows and torch.compile. Requests that arrive while a batch
+    runs join it into the rows that finished (more requests than rows: some wait for one); every answer is still
+    its solo `generate` decode (eager, dynamic cache)."""
     port = load.free_port()
-    process = load.start(MODEL, port, ["--dtype", "float64", "--threads", "1", "--compile"], tmp_path / "log.txt")
+    process = load.start(MODEL, port, ["--dtype", "float64", "--threads", "1", "--compile", "--max-batch-size", "2",
+                                       "--max-model-len", "512"], tmp_path / "log.txt")
     try:
-        for i in (4, 5):
-            prompt = question(i)
-            status, answer = load.post(f"http://127.0.0.1:{port}", "/v1/completions", {"prompt": prompt,
-                                                                                      "max_tokens": 24})
-            assert status == 200 and answer["choices"][0]["text"] == solo(model, model[1](prompt).input_ids,
-                                                                          max_new_tokens=24)[0]
+        url = f"http://127.0.0.1:{port}"
+        bodies = [{"prompt": question(i), "max_tokens": 12 + 6 * (i % 3)} for i in range(4, 10)]
+        answers = load.fire(url, bodies, clients=3)
+        for body, (status, answer) in zip(bodies, answers, strict=True):
+            assert status == 200, answer
+            ids = model[1](body["prompt"]).input_ids
+            assert answer["choices"][0]["text"] == solo(model, ids, max_new_tokens=body["max_tokens"])[0]
+        health = load.get(url, "/health")
+        assert health["rows_joined"] > 0 and health["failures"] == 0 and health["active_rows"] == 0
     finally:
         process.terminate()
         process.wait(30)

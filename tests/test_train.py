@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_packed_ss import bundled
 from hf_packed_ss.lora import proposal_only_adapters
-from hf_packed_ss.tools.train import LOSSES, TrainConfig, build_model, corpus, sample_batch
+from hf_packed_ss.tools.train import LOSSES, DrafterExample, TrainConfig, build_model, corpus, sample_batch
 
 TINY = dict(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, block_size=8, seq_len=48, batch=4)
 
@@ -60,11 +60,73 @@ def test_drafter_step_lowers_kl_and_never_touches_the_verifier():
     cfg = TrainConfig(format="drafter", block_size=4, blocks=6)
     params = [p for p in model.parameters() if p.requires_grad] + [embedding.delta]
     with proposal_only_adapters(model.get_base_model()):
-        losses = _steps(model, LOSSES["drafter"], (ids, 10), cfg, params, n=10, lr=1e-2)
+        losses = _steps(model, LOSSES["drafter"], DrafterExample(ids, 10, 0, []), cfg, params, n=10, lr=1e-2)
         with torch.no_grad():
             after = model(ids).logits  # outside proposal rows: no adapter, no MASK offset
     assert losses[-1] < losses[0] * 0.8
     assert torch.equal(before, after) and embedding.delta.abs().sum() > 0
+
+
+def test_drafter_loss_equals_one_packed_forward_of_sequence_and_blocks():
+    """The split step (the verifier over the sequence without gradients, over a cached shared head, then the
+    blocks over that cache) gives the loss and the gradient of one packed forward of the sequence and the blocks
+    (the sequence rows do not depend on the adapter), in float64."""
+    import torch.nn.functional as F
+    from peft import LoraConfig, get_peft_model
+
+    from hf_packed_ss.lora import proposal_rows
+    from hf_packed_ss.smollm2 import MaskEmbedding, attach_drafter
+    from hf_packed_ss.tools.train import drafter_examples
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                        )).double()
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"],
+                                            init_lora_weights=False)).double()
+    attach_drafter(model, block_size=4, mask_embedding=MaskEmbedding(32).double())
+    cfg = TrainConfig(format="drafter", block_size=4, blocks=5)
+
+    class Tokens:  # answers as ids already
+        eos_token_id = 2
+
+        def __call__(self, text, add_special_tokens=False):
+            return type("Encoded", (), {"input_ids": [int(t) for t in text.split()]})
+
+    prompts = [[7, 8, 9, 10, 11, 12], [7, 8, 9, 10, 13]]  # a shared head of 4 tokens
+    answers = [" ".join(str(t) for t in torch.randint(20, 64, (n,)).tolist()) for n in (30, 25)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    with proposal_only_adapters(model.get_base_model()):
+        with torch.no_grad():  # the head's cache: the base's (no proposal rows, no adapter)
+            example = drafter_examples(base, Tokens(), [(prompts, answers)], 64, 4)[0]
+        assert example.head_length == 4
+        split, _ = LOSSES["drafter"](model, example, cfg, torch.Generator().manual_seed(3))
+        split_grads = torch.autograd.grad(split, params)
+        # the one packed forward: the sequence (causal, adapter off) then the blocks (adapter on)
+        gen = torch.Generator().manual_seed(3)
+        x, n, b, k = example.ids, example.ids.shape[1], 4, 5
+        anchors = torch.randint(example.answer_start - 1, n - b + 1, (k,), generator=gen)
+        pos, offsets = torch.arange(n), torch.arange(b)
+        inner = model.get_base_model()
+        block_ids = torch.full((k, b), inner.config.mask_token_id)
+        block_ids[:, 0] = x[0, anchors]
+        block_of = torch.arange(k).repeat_interleave(b)
+        mask = torch.zeros(n + k * b, n + k * b, dtype=torch.bool)
+        mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        mask[n:, :n] = pos[None] < anchors.repeat_interleave(b)[:, None]
+        mask[n:, n:] = block_of[:, None] == block_of[None, :]
+        keep = torch.cat([(anchors[:, None] + offsets[:-1]).reshape(-1),
+                          n + (torch.arange(k)[:, None] * b + offsets[1:]).reshape(-1)])
+        with proposal_rows(inner, n):
+            logits = inner(input_ids=torch.cat([x[0], block_ids.reshape(-1)])[None],
+                           position_ids=torch.cat([pos, (anchors[:, None] + offsets).reshape(-1)])[None],
+                           attention_mask=mask[None, None], logits_to_keep=keep).logits[0]
+        teacher, student = logits[: keep.numel() // 2].detach(), logits[keep.numel() // 2 :]
+        packed = F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+        packed_grads = torch.autograd.grad(packed, params)
+    assert split.item() > 0 and torch.allclose(split, packed, rtol=1e-10, atol=1e-12)
+    for a, g in zip(split_grads, packed_grads, strict=True):
+        assert torch.allclose(a, g, rtol=1e-8, atol=1e-12)
 
 
 def test_resume_continues_the_same_run(tmp_path, monkeypatch):

@@ -140,16 +140,25 @@ class BatchCache:
 
 def stack_rows(batch: BatchCache, cache: DynamicCache, valid: torch.Tensor) -> None:
     """Rows that joined (their own DynamicCache, `valid` its columns they see) become the last rows of `batch`:
-    both caches are left-padded to the longer one with columns no row sees, so each row's order is kept."""
-    if not batch.valid.shape[0]:  # nobody left in the batch: the new rows' cache is the batch's
+    both caches are left-padded to the longer one with columns no row sees, so each row's order is kept. A static
+    batch cache (a `SlotCache`, whose shapes a compiled graph holds) takes them into its free rows in place."""
+    rows = batch.valid.shape[0]
+    if hasattr(batch.cache, "append_rows"):
+        batch.cache.append_rows(cache, rows)
+        size = batch.cache.length
+    elif not rows:  # nobody left in the batch: the new rows' cache is the batch's
         batch.cache, batch.valid = cache, valid
         return
-    size = max(batch.length, valid.shape[1])
+    else:
+        size = max(batch.length, valid.shape[1])
 
     def left(t: torch.Tensor, dim: int) -> torch.Tensor:
         pad = [0, 0] * (t.dim() - 1 - dim) + [size - t.shape[dim], 0]
         return torch.nn.functional.pad(t, pad)
 
+    if hasattr(batch.cache, "append_rows"):
+        batch.valid = torch.cat([left(batch.valid[:, : size if rows else 0], 1), left(valid, 1)])
+        return
     for mine, theirs in zip(batch.cache.layers, cache.layers, strict=True):
         mine.keys = torch.cat([left(mine.keys, 2), left(theirs.keys, 2)])
         mine.values = torch.cat([left(mine.values, 2), left(theirs.values, 2)])
@@ -234,7 +243,8 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     (or None) per row, fed as `decode` feeds its one; a row whose streamer turns `cancelled` leaves the batch
     after the round, with the tokens it has (a server's client that disconnected frees its row). `admit()` is
     asked after every round for `Arrival`s that join the running batch (continuous batching: a server's new
-    requests; each decodes as alone, with its own limit; on a DynamicCache only); their outputs and `per_row`
+    requests; each decodes as alone, with its own limit; over a `SlotCache` they take its free rows, and wait for
+    one when none is free); their outputs and `per_row`
     statistics follow the batch's own rows', in the order they joined."""
     from . import lockstep as tensors
 
@@ -244,8 +254,6 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     if lockstep and not can:
         raise ValueError("lockstep=True needs greedy AR or Packed-SS rows of one width on the plain shifted-block "
                          "layout, stopped by EOS and the length limit only.")
-    if admit is not None and cache is not None:
-        raise ValueError("Rows join a running batch over a DynamicCache only (not a static cache).")
     if can if lockstep is None else lockstep:
         return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
                                        layouts[0].mask_token_id, slack, trace, cache, streamers, admit)

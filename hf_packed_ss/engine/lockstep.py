@@ -114,7 +114,26 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
                 feeds[b].put_stats(stats[b])
             feeds[b].end()
 
+    waiting: list[Arrival] = []  # arrivals a static cache has no free row for yet: they join as rows leave
+
     def join(arrivals: Sequence[Arrival], initial: bool = False) -> None:
+        """Queue `arrivals`, then start as many as the cache has rows for (all of them over a DynamicCache)."""
+        waiting.extend(arrivals)
+        capacity, size = getattr(batch.cache, "capacity", None), getattr(batch.cache, "batch_rows", None)
+        for a in arrivals:
+            if capacity is not None and a.prompt.numel() + a.max_new_tokens + slack + 2 * q > capacity:
+                raise ValueError(f"A row of {a.prompt.numel()} prompt tokens and max_new_tokens={a.max_new_tokens} "
+                                 f"needs more than the static cache's {capacity} slots: raise max_cache_len "
+                                 "(generate(..., max_cache_len=N)).")
+        while waiting:
+            room = len(waiting) if initial or size is None else size - len(rows)
+            if room <= 0:
+                return
+            begin(waiting[:room], initial)
+            del waiting[:room]
+            initial = False
+
+    def begin(arrivals: Sequence[Arrival], initial: bool) -> None:
         """New rows: the prompt call (output position 0 from each row's last prompt token, D from ranks 1..W of
         the block), their first token accepted, then those that go on join the batch's tensors and cache."""
         nonlocal lengths, done_count, limit, kappa, out, last, draft
@@ -192,7 +211,10 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
         schedules, prompts, [None] * len(prompts) if streamers is None else streamers, strict=True)], initial=True)
     if admit is not None:
         join(admit())
-    while rows:
+    while rows or waiting:
+        if not rows:  # every row left while arrivals wait (a static cache was full): they start now
+            join([])
+            continue
         m, streaming = len(rows), any(feeds[b] is not None for b in rows)
         # 1. one call at P's last position: [l | D, MASK-padded to W | l | MASK x W] (lines 3-4)
         pieces = [last]

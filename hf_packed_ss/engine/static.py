@@ -105,6 +105,34 @@ class SlotCache(Cache):
                 layer.keys[:m] = layer.keys[indices].clone()
                 layer.values[:m] = layer.values[indices].clone()
 
+    @property
+    def batch_rows(self) -> int | None:
+        """The rows its layers hold (set by the first call's batch), None before any call."""
+        layer = self.layers[0]
+        return layer.keys.shape[0] if layer.is_initialized else None
+
+    def append_rows(self, cache: Cache, rows: int) -> None:
+        """The rows of `cache` (a DynamicCache: rows that joined a running batch, their prompts' KV) become rows
+        ``rows..`` of this one, their slots right-aligned with its `length` slots (left-padded to the longer; when
+        theirs are longer, rows ``:rows`` move right, in place). Rows ``rows:`` were free (`batch_select_indices`),
+        so nothing in use is overwritten; the caller's validity mask says which slots each row sees."""
+        new, joining = cache.get_seq_length(), cache.layers[0].keys.shape[0]
+        if rows + joining > (self.batch_rows or 0):
+            raise ValueError(f"The static cache holds {self.batch_rows} rows; {rows} decode and {joining} more "
+                             "would join.")
+        length = self.length if rows else 0
+        size = max(length, new)
+        if size > self.capacity:
+            raise ValueError(f"The static cache holds {self.capacity} slots; a joining prompt needs {size}. Raise "
+                             "max_cache_len (generate(..., max_cache_len=N)).")
+        shift = size - length
+        for mine, theirs in zip(self.layers, cache.layers, strict=True):
+            for held, joined in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+                if shift and rows:
+                    held[:rows, :, shift:size] = held[:rows, :, :length].clone()
+                held[rows : rows + joining, :, size - new : size] = joined
+        self.length = size
+
     def gather_columns(self, index: torch.Tensor) -> None:
         """Row b keeps the slots `index[b]` (a `(rows, size)` LongTensor), in that order, as slots 0..size-1, in
         place (a batch's compaction)."""

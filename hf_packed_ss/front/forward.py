@@ -165,13 +165,17 @@ class StaticBatchForward(_Compiled):
     """The forward of a lockstep batch (`engine/lockstep.py`) over a `SlotCache` of `batch` rows: each call is
     padded back to `batch` rows (the rows that finished leave the lockstep state; their cache rows stay, and their
     stand-ins see only their own new slots) and its mask widened to every slot, so every steady call has one shape
-    and runs one compiled graph (the prompt's call runs eagerly)."""
+    and runs one compiled graph (the prompt's call runs eagerly, as does the prompt call of rows that join the
+    batch, over a DynamicCache of their own)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, compile_kwargs: dict | None):
         super().__init__(model, _batch_step, compile_kwargs)
         self.batch = batch
+        self.joining = model_forward(model, batched=True)
 
     def __call__(self, call, cache: SlotCache) -> torch.Tensor:
+        if not isinstance(cache, SlotCache):  # rows joining the running batch: their prompt call, over their own
+            return self.joining(call, cache)  # DynamicCache, which then joins the SlotCache (`stack_rows`)
         m, q = call.input_ids.shape
         ids, positions, mask = call.input_ids, call.position_ids, cache_mask(call, cache.capacity)
         cache.begin_call(q)

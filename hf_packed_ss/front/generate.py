@@ -27,7 +27,7 @@ from .stopping import StopSequenceCriteria, stopping
 from .validation import AUTO, _reject, validate
 
 _HOOKS = ("logits_processor", "stopping_criteria", "streamer", "prefix_allowed_tokens_fn", "generator", "tokenizer",
-          "assistant_model", "admit")
+          "assistant_model", "admit", "max_batch_size")
 # Our own generate options, read from kwargs or a GenerationConfig attribute (stock generate never sees them).
 _OPTIONS = {"assistant_mode": None, "speculative_width": None, "verify_order": None, "confidence_threshold": None,
             "stop_sequences": None, "native_cache_order": None, "stop_at_eos": None, "native_context": None,
@@ -200,7 +200,8 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
             outputs, stats = decode_static(decoder, config, schedules, layouts, prompts, max(0, max_new), eos,
                                            processors, stop, streamers,
-                                           None if candidates is None else candidates.observe, pad)
+                                           None if candidates is None else candidates.observe, pad,
+                                           None if admit is None else arrivals, hooks.get("max_batch_size"))
         elif len(prompts) == 1 and admit is None:
             sequence, stats = decode(model_forward(decoder), schedules[0], layouts[0], prompts[0], max(0, max_new),
                                      eos, processors, stop, streamers[0],
@@ -219,35 +220,42 @@ def _decode(model, options: dict, input_ids: torch.Tensor, config: GenerationCon
 
 
 def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts, max_new: int, eos, processors,
-                  stop, streamers, trace, pad_token_id: int) -> tuple[list[torch.Tensor], DecodingStats]:
+                  stop, streamers, trace, pad_token_id: int, admit=None, max_batch_size: int | None = None
+                  ) -> tuple[list[torch.Tensor], DecodingStats]:
     """`cache_implementation="static"`: each sequence through the model's `StaticForward` (one graph for every
     call after the prompt's, compiled by `compile_options`) over a `SlotCache` sized for the longest, kept on
     the model for later calls. A batch that can run in lockstep (greedy AR or Packed-SS, EOS and length only) runs
-    so through a `StaticBatchForward`; any other batch's rows run one after another through the one graph."""
+    so through a `StaticBatchForward` of `max_batch_size` rows (default the batch's), into whose free rows
+    `admit()`'s arrivals join between two calls; any other batch's rows, and its arrivals after them, run one after
+    another through the one graph."""
     rows = steady_rows(schedules[0], layouts[0])
     longest = max(p.numel() for p in prompts)
     options = compile_options(config, decoder.device)
-    if len(prompts) > 1 and lockstep_eligible(schedules, layouts, processors, stop):
+    if (len(prompts) > 1 or admit is not None) and lockstep_eligible(schedules, layouts, processors, stop):
         slack = 8 * (schedules[0].width + 1)  # decode_batch's default: holes before a compaction
         capacity = max(config.max_cache_len or 0, longest + max_new + slack + 2 * rows)
-        forward, cache = static_batch_forward(decoder, len(prompts), rows, capacity, options)
+        forward, cache = static_batch_forward(decoder, max(len(prompts), max_batch_size or 0), rows, capacity, options)
         compiled = forward.compile_time_s
         outputs, stats = decode_batch(forward, schedules, layouts, prompts, max_new, eos, processors, stop,
                                       pad_token_id=pad_token_id, slack=slack, lockstep=True, cache=cache,
-                                      streamers=streamers)
+                                      streamers=streamers, admit=admit)
         stats.compile_time_s = forward.compile_time_s - compiled
         return outputs, stats
-    capacity = max(config.max_cache_len or 0, longest + max_new + 2 * rows)
-    forward, cache = static_forward(decoder, rows, capacity, options)
+    queue = [Arrival(*row) for row in zip(schedules, layouts, prompts, [max_new] * len(prompts), streamers,
+                                          strict=True)]
     outputs, per_row = [], []
-    for schedule, layout, prompt, streamer in zip(schedules, layouts, prompts, streamers, strict=True):
+    while queue:
+        row = queue.pop(0)
+        capacity = max(config.max_cache_len or 0, row.prompt.numel() + row.max_new_tokens + 2 * rows)
+        forward, cache = static_forward(decoder, rows, capacity, options)  # the kept one when it fits
         compiled = forward.compile_time_s
-        cache.reset()
-        sequence, stats = decode(forward, schedule, layout, prompt, max_new, eos, processors, stop, streamer,
-                                 cache=cache, trace=trace)
+        sequence, stats = decode(forward, row.schedule, row.layout, row.prompt, row.max_new_tokens, eos, processors,
+                                 stop, row.streamer, cache=cache, trace=trace)
         stats.compile_time_s = forward.compile_time_s - compiled
         outputs.append(sequence)
         per_row.append(stats)
+        if admit is not None:
+            queue += admit()
     return outputs, per_row[0] if len(per_row) == 1 else DecodingStats.sequential(per_row)
 
 

@@ -152,8 +152,10 @@ def validate(model, options: dict, input_ids: torch.Tensor, config: GenerationCo
     _reject(admit is not None and not callable(admit),
             "admit= takes a callable that returns the rows joining the running batch: a list of (input_ids (1D), "
             "max_new_tokens, streamer or None).")
-    _reject(admit is not None and config.cache_implementation == "static",
-            "Rows join a running batch (admit=) over a dynamic cache only: drop cache_implementation='static'.")
+    size = hooks.get("max_batch_size")
+    _reject(size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < input_ids.shape[0]),
+            f"max_batch_size={size!r}: the most rows a batch holds at once, an int of at least the batch's "
+            f"{input_ids.shape[0]} rows.")
     lengthwise = [k for k in ("min_new_tokens", "min_length", "forced_eos_token_id") if getattr(config, k, None)]
     _reject(admit is not None and bool(lengthwise),
             f"{lengthwise} count from the batch's prompt length, which a row that joins (admit=) does not share: "

@@ -22,16 +22,17 @@ BATCH = 16
 
 
 def generate_answers(model, tokenizer, questions: list[str], out: Path, max_new_tokens: int = 160,
-                     log=print, batch: int = BATCH, **generate_kwargs) -> list[dict]:
-    """Answer `questions` in batches (left padding) into `out`, skipping those already there; `generate_kwargs`
-    go to `generate` (e.g. ``assistant_mode="ar"``)."""
+                     log=print, batch: int = BATCH, encode=question_ids, **generate_kwargs) -> list[dict]:
+    """Answer `questions` in batches (left padding) into `out`, skipping those already there; `encode(tokenizer,
+    question)` makes a prompt's `(1, n)` ids (default the benchmark's GSM8K prompt); `generate_kwargs` go to
+    `generate` (e.g. ``assistant_mode="ar"``)."""
     out = Path(out)
     done = read_jsonl(out) if out.is_file() else []
     todo = questions[len(done):]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for i in range(0, len(todo), batch):
         chunk = todo[i : i + batch]
-        prompts = [question_ids(tokenizer, q)[0] for q in chunk]  # exactly the benchmark's prompt
+        prompts = [encode(tokenizer, q)[0] for q in chunk]  # exactly the benchmark's prompt
         width = max(p.numel() for p in prompts)
         ids = torch.stack([torch.cat([torch.full((width - p.numel(),), pad), p]) for p in prompts])
         mask = torch.stack([torch.arange(width) >= width - p.numel() for p in prompts]).long()

@@ -64,6 +64,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+DRAFTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 @dataclass
 class TrainConfig:
     format: str = "nemotron"
@@ -89,6 +92,9 @@ class TrainConfig:
     base_dtype: str = "float32"  # drafter only: the frozen base (bfloat16 matmuls are ~7x slower on AVX2 CPUs)
     rope: str = "default"  # setdlm only: "yarn" uses the Nemotron format's RoPE (for --init from it)
     base_answers: int = 0  # drafter only: train on the base's own greedy answers to this many GSM8K train questions
+    code_answers: int = 0  # drafter only: and to this many stdlib code prompts (`code_prompts`, train split)
+    answer_batch: int = 16  # drafter only: questions the base answers per batched generate call
+    lora_targets: str = ",".join(DRAFTER_TARGETS)  # drafter only: the projections that carry the adapter
     init: str = ""  # a trained run folder (either format, same tokenizer) whose stack and head start this run
     self_distill: int = 0  # joint formats, with --init: train on the init model's own greedy answers to this many
     augment: float = 0.0  # joint formats: share of examples written in another prompt format (`FORMATS`)
@@ -206,36 +212,42 @@ def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) 
 
 
 def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks in one packed forward.
+    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks.
 
-    `example` is one sequence ``(1, L)`` and where its answer starts; the verifier rows (the sequence,
-    causal) run with the adapter gated off, so the teacher is the untouched base computed in the same call."""
+    `example` is a `DrafterExample`. The verifier (the untouched base: the adapter is off outside proposal rows)
+    runs the sequence once without gradients, over the cached KV of its shared prompt head: that gives the
+    teacher's distributions and the cache the blocks see. The blocks then run as one call of proposal rows over
+    that cache, so the backward pass covers only them: the same gradient as one packed forward of sequence and
+    blocks (the sequence rows do not depend on the adapter), at a fraction of the cost."""
+    from transformers import DynamicCache
+
     from ..lora import proposal_rows
+    from ..modeling import cache_keyword
 
-    x, answer_start = example
+    x, answer_start = example.ids, example.answer_start
     n, b, k = x.shape[1], cfg.block_size, cfg.blocks
     inner = model.get_base_model()
+    head = example.head_length
     anchors = torch.randint(answer_start - 1, n - b + 1, (k,), generator=gen)
-    pos = torch.arange(n)
     offsets = torch.arange(b)
     block_pos = (anchors[:, None] + offsets).reshape(-1)
     block_ids = torch.full((k, b), inner.config.mask_token_id)
     block_ids[:, 0] = x[0, anchors]
     block_of = torch.arange(k).repeat_interleave(b)
-    sees_seq = pos[None, :] < anchors.repeat_interleave(b)[:, None]
-    rows = n + k * b
-    mask = torch.zeros(rows, rows, dtype=torch.bool)
-    mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-    mask[n:, :n] = sees_seq
-    mask[n:, n:] = block_of[:, None] == block_of[None, :]
     teacher_rows = (anchors[:, None] + offsets[:-1]).reshape(-1)  # AR row j scores j + 1
-    student_rows = n + (torch.arange(k)[:, None] * b + offsets[1:]).reshape(-1)
-    keep = torch.cat([teacher_rows, student_rows])
-    with proposal_rows(inner, n):  # the blocks follow the sequence
-        logits = inner(input_ids=torch.cat([x[0], block_ids.reshape(-1)])[None],
-                       position_ids=torch.cat([pos, block_pos])[None], attention_mask=mask[None, None],
-                       logits_to_keep=keep).logits[0].float()
-    teacher, student = logits[: keep.numel() // 2].detach(), logits[keep.numel() // 2 :]
+    cache = DynamicCache()
+    for i, (key, value) in enumerate(example.head_cache):
+        cache.update(key, value, i)  # a copy: the shared head stays as it is
+    kw = {cache_keyword(inner): cache}
+    with torch.no_grad():
+        teacher = _wide(inner(input_ids=x[:, head:], position_ids=torch.arange(head, n)[None], use_cache=True,
+                              logits_to_keep=teacher_rows - head, **kw).logits[0])
+    mask = torch.cat([torch.arange(n)[None, :] < anchors.repeat_interleave(b)[:, None],
+                      block_of[:, None] == block_of[None, :]], dim=1)
+    student_rows = (torch.arange(k)[:, None] * b + offsets[1:]).reshape(-1)
+    with proposal_rows(inner, 0):  # every row of this call drafts
+        student = _wide(inner(input_ids=block_ids.reshape(1, -1), position_ids=block_pos[None], use_cache=True,
+                              attention_mask=mask[None, None], logits_to_keep=student_rows, **kw).logits[0])
     kl = F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
     agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
     return kl, {"kl": kl.item(), "argmax_agreement": agree.item()}
@@ -393,40 +405,87 @@ def warm_start(model, init: Path) -> None:
             ours[k].copy_(theirs[k])
 
 
-DRAFTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least float32 for the loss (a bfloat16 base's), float64 kept."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+@dataclass
+class DrafterExample:
+    """One training sequence `ids` ``(1, L)`` (prompt, answer, EOS), where its answer starts, and the cached KV
+    of its prompt's first `head_length` tokens, which every prompt of its kind shares (the worked examples of the
+    GSM8K prompt, the system turn of a chat): computed once per run, not once per step."""
+
+    ids: torch.Tensor
+    answer_start: int
+    head_length: int
+    head_cache: list
+
+
+def _shared_head(prompts: list[list[int]]) -> int:
+    """The length of the token prefix every prompt shares, short of the shortest prompt."""
+    first, size = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        size = next((i for i in range(size) if p[i] != first[i]), size)
+    return size
+
+
+def drafter_examples(base, tokenizer, kinds: list[tuple[list[list[int]], list[str]]], seq_len: int,
+                     block_size: int) -> list[DrafterExample]:
+    """Examples from (prompt ids, answers) pairs of each kind: answers cut to `seq_len` tokens, each kind's shared
+    prompt head run once through the base (its KV kept)."""
+    examples = []
+    for prompts, answers in kinds:
+        if not prompts:
+            continue
+        head = _shared_head(prompts)
+        with torch.no_grad():
+            cache = base(input_ids=torch.tensor([prompts[0][:head]]), use_cache=True).past_key_values
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for prompt, answer in zip(prompts, answers, strict=True):
+            tokens = tokenizer(answer, add_special_tokens=False).input_ids[:seq_len] + [tokenizer.eos_token_id]
+            if len(tokens) > block_size + 1:
+                examples.append(DrafterExample(torch.tensor([prompt + tokens]), len(prompt), head, layers))
+    return examples
 
 
 def prepare_drafter(cfg: TrainConfig):
-    """SmolLM2-135M-Instruct in `base_dtype` (frozen), a float32 LoRA and MASK embedding, and GSM8K train
-    examples in its chat template with the position where each answer starts: the reference answers, or
-    with `base_answers` the base model's own greedy ones (made once into OUT/base_answers.jsonl)."""
+    """SmolLM2-135M-Instruct in `base_dtype` (frozen), a float32 LoRA and MASK embedding, and the examples: GSM8K
+    train questions with their reference answers in the bare chat template, or with `base_answers` / `code_answers`
+    the base model's own greedy answers (made once into OUT/base_answers.jsonl and OUT/code_answers.jsonl) in the
+    prompts the benchmark sends: the 4-shot GSM8K chat prompt, and a code stub as the user turn (`code_prompts`)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .. import smollm2
+    from .bench.suites import chat_ids
+    from .code_prompts import code_prompts
 
     folder = smollm2.base_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.base_dtype))
-    if cfg.base_answers:
-        rows = generate_answers(base.eval(), tokenizer, train_questions(Path(cfg.data), cfg.base_answers),
-                                Path(cfg.out) / "base_answers.jsonl")
+    kinds = []
+    if cfg.base_answers or cfg.code_answers:
+        out = Path(cfg.out)
+        for n, file, questions, encode in (
+                (cfg.base_answers, "base_answers.jsonl", lambda: train_questions(Path(cfg.data), cfg.base_answers),
+                 question_ids),
+                (cfg.code_answers, "code_answers.jsonl", lambda: code_prompts("train", cfg.code_answers), chat_ids)):
+            if n:
+                rows = generate_answers(base.eval(), tokenizer, questions(), out / file, encode=encode,
+                                        batch=cfg.answer_batch)
+                kinds.append(([encode(tokenizer, r["question"])[0].tolist() for r in rows],
+                              [r["answer"] for r in rows]))
     else:
         rows = read_jsonl(Path(cfg.data))
+        kinds.append(([chat_ids(tokenizer, r["question"])[0].tolist() for r in rows], [r["answer"] for r in rows]))
+    examples = drafter_examples(base.eval(), tokenizer, kinds, cfg.seq_len, cfg.block_size)
     torch.manual_seed(cfg.seed)
     model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0,
-                                            target_modules=DRAFTER_TARGETS))
+                                            target_modules=cfg.lora_targets.split(",")))
     embedding = smollm2.MaskEmbedding(base.config.hidden_size)
     smollm2.attach_drafter(model, cfg.block_size, embedding)
-    examples = []
-    for row in rows:
-        chat = [{"role": "user", "content": row["question"]}]
-        prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        full = tokenizer.apply_chat_template(chat + [{"role": "assistant", "content": row["answer"]}], tokenize=False)
-        ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids[:, : cfg.seq_len]
-        start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
-        if ids.shape[1] - start > cfg.block_size + 1:
-            examples.append((ids, start))
     return tokenizer, examples, model, embedding
 
 

@@ -53,8 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + max_tokens (default: the "
                    "model's max_position_embeddings)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file, for a model without one")
-    p.add_argument("--compile", action="store_true", help="a static cache and torch.compile (one graph per "
-                   "decode shape; the first request of each shape compiles)")
+    p.add_argument("--compile", action="store_true", help="a static cache of --max-model-len slots for "
+                   "--max-batch-size rows, and torch.compile (one graph per decode shape; the first request of each "
+                   "shape compiles); requests join the running batch into its free rows. Every call attends over "
+                   "all slots: a lower --max-model-len makes calls cheaper")
     p.add_argument("--api-key", default=None, help="the key every /v1/* request must send as `Authorization: "
                    f"Bearer KEY` (else 401; /health stays open); default: ${API_KEY_ENV}, else none")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="the largest request body; a larger one "
@@ -112,8 +114,9 @@ def prepare(args: argparse.Namespace):
     config.assistant_mode = args.assistant_mode or getattr(config, "assistant_mode", None) or "packed_ss"
     if args.speculative_width is not None:
         config.speculative_width = args.speculative_width
-    if args.compile:
+    if args.compile:  # a cache of --max-model-len slots per row, so that every request that fits can join it
         config.cache_implementation, config.compile_config = "static", CompileConfig()
+        config.max_cache_len = args.max_model_len or getattr(model.config, "max_position_embeddings", None)
     return model, tokenizer, args.served_model_name or Path(args.model).name
 
 

@@ -151,7 +151,8 @@ class Batcher:
         if self.pad is None:
             self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pending: deque[Ticket] = deque()  # taken from the queue by the worker, not yet decoding
-        self.continuous = model.generation_config.cache_implementation != "static"  # a static cache: batch by batch
+        # a static cache (`--compile`) holds max_batch_size rows: rows join into the free ones
+        self.static = model.generation_config.cache_implementation == "static"
         self.batches, self.rows, self.failures = 0, 0, 0
         self.rows_cancelled, self.tokens_decoded = 0, 0  # rows whose client left; tokens the rows decoded
         self.rows_joined = 0  # rows that joined a running batch
@@ -293,8 +294,10 @@ class Batcher:
             options = dict(job.options)
             if job.seed is not None and options.get("do_sample"):
                 options["generator"] = torch.Generator().manual_seed(job.seed)  # alone: nothing joins it
-            elif self.continuous:
+            else:
                 options["admit"] = lambda: self._admit(job.key, rows)
+                if self.static:
+                    options["max_batch_size"] = self.max_batch_size
             self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
                                 max_new_tokens=max(t.job.max_tokens for t in tickets), pad_token_id=self.pad,
                                 streamer=list(rows), **options)
