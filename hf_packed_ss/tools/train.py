@@ -221,8 +221,8 @@ def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tupl
     blocks (the sequence rows do not depend on the adapter), at a fraction of the cost."""
     from transformers import DynamicCache
 
-    from ..lora import proposal_rows
     from ..modeling import cache_keyword
+    from ..models.lora import proposal_rows
 
     x, answer_start = example.ids, example.answer_start
     n, b, k = x.shape[1], cfg.block_size, cfg.blocks
@@ -458,7 +458,7 @@ def prepare_drafter(cfg: TrainConfig):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import smollm2
+    from ..models import smollm2
     from .bench.suites import chat_ids
     from .code_prompts import code_prompts
 
@@ -504,7 +504,7 @@ def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path) -> No
 
 def train(cfg: TrainConfig, resume: bool = False, log=print):
     """Run (or continue) training; returns the model and tokenizer."""
-    from ..lora import proposal_only_adapters
+    from ..models.lora import proposal_only_adapters
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -628,9 +628,43 @@ def main(argv: list[str] | None = None) -> None:
     for name, value in asdict(TrainConfig()).items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value, help=HELP.get(name))
     parser.add_argument("--resume", action="store_true", help="continue from OUT/trainer_state.pt")
+    parser.add_argument("--export", action="store_true", help="drafter only: write OUT/trainer_state.pt's weights "
+                        "(the last checkpoint of a running or stopped run) as an adapter folder OUT/step-N, no "
+                        "training")
     args = vars(parser.parse_args(argv))
-    resume = args.pop("resume")
+    resume, export = args.pop("resume"), args.pop("export")
+    if export:
+        print(export_drafter(Path(args["out"])))
+        return
     train(TrainConfig(**args), resume=resume)
+
+
+def export_drafter(run: Path) -> Path:
+    """The adapter folder of a drafter run's last checkpoint (`trainer_state.pt`), as `save_drafter` writes it at
+    the end of a run, into ``run/step-N``: checkpoints are compared (on dev prompts) before one is bundled."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models import smollm2
+
+    state = torch.load(Path(run) / "trainer_state.pt", weights_only=False)
+    cfg = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__})
+    folder = smollm2.base_folder()
+    base = AutoModelForCausalLM.from_pretrained(folder)
+    model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_rank, lora_dropout=0.0,
+                                            target_modules=cfg.lora_targets.split(",")))
+    embedding = smollm2.MaskEmbedding(base.config.hidden_size)
+    trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    trainable["mask_embedding.delta"] = embedding.delta
+    missing = set(trainable) - set(state["model"])
+    if missing:
+        raise SystemExit(f"{run}/trainer_state.pt lacks {sorted(missing)[:3]}: not a drafter run of this config.")
+    with torch.no_grad():
+        for k, v in trainable.items():
+            v.copy_(state["model"][k])
+    out = Path(run) / f"step-{state['step']}"
+    save_drafter(model, embedding, AutoTokenizer.from_pretrained(folder), cfg, out)
+    return out
 
 
 if __name__ == "__main__":
