@@ -398,7 +398,7 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "prompt_lookup" in capsys.readouterr().out
 
-    probe_json = out / "probe.json"  # beside results.json: the README section picks it up
+    probe_json = out / "probe.json"  # beside results.json: the docs/results.md section picks it up
     assert cli_main(["probe", "--results", str(out / "results.json"), "--rows", "1", "4", "--iters", "1",
                      "--context", "16", "--json", str(probe_json)]) == 0
     probe = json.loads(probe_json.read_text())
@@ -406,7 +406,7 @@ def test_bench_and_probe_cli_end_to_end(tmp_path, capsys):
     assert probe["predicted_fastest"] in schedules and probe["measured_fastest"] in schedules
     assert "measured fastest" in capsys.readouterr().out
 
-    # the README's results section is regenerated from results.json, replacing only the marked block
+    # docs/results.md's results section is regenerated from results.json, replacing only the marked block
     from hf_packed_ss.tools.bench.readme import END, START, update
 
     readme = tmp_path / "README.md"

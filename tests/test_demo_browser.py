@@ -1,7 +1,7 @@
 """The demo in a real browser: headless Chromium from Debian's `chromium` package (`.ci/run` installs it with
 apt-get), driven by Playwright. Loads the page, shows that bad input gives a message, races the default
 schedules with the app's defaults (answer length, timed runs per schedule), waits for the end and checks what is
-rendered; saves the README's screenshot `docs/demo.png`."""
+rendered; saves the screenshot `docs/demo.png` (shown in docs/demo.md)."""
 
 from pathlib import Path
 
@@ -15,7 +15,7 @@ demo = load_app()  # demo/app.py: the Gradio app, with the names it uses from hf
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "demo.png"
-MAX_NEW = demo.DEFAULT_MAX_NEW_TOKENS  # the app's defaults: the README's screenshot shows what a user gets
+MAX_NEW = demo.DEFAULT_MAX_NEW_TOKENS  # the app's defaults: the screenshot in docs/demo.md shows what a user gets
 pytestmark = [pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")]  # gradio's own pandas deprecations
 assert CHROMIUM.exists(), "the browser test needs Debian's chromium at /usr/bin/chromium: apt-get install chromium"
 

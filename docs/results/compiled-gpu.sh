@@ -3,7 +3,7 @@
 # mode="reduce-overhead" (CUDA graphs), every schedule of each tiny bundled checkpoint and stock generate (with
 # prompt lookup) eager and compiled side by side, on the 10 first bundled GSM8K test questions (`--suite sample`:
 # nothing outside the checkout is read), 128 new tokens. Sized to finish in under 8 minutes on one H200, most of
-# it compiling. Writes docs/results/gpu-compiled-NAME; regenerates the README's results block only when it wrote
+# it compiling. Writes docs/results/gpu-compiled-NAME; regenerates the results block of docs/results.md only when it wrote
 # into docs/results (a real run on this checkout).
 #
 # On the lent device machine (torch 2.11 + CUDA, transformers 5.17): carry a transformers >= 5.23 wheel (and its
@@ -21,5 +21,5 @@ for name in tiny-nemotron-gsm8k tiny-setdlm-gsm8k; do
 done
 if [ "$out" = docs/results ]; then
     python -m hf_packed_ss.tools.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json \
-        --readme README.md
+        --readme docs/results.md
 fi

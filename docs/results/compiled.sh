@@ -2,7 +2,7 @@
 # Usage: docs/results/compiled.sh -- every bundled checkpoint eager and compiled side by side (bench --compile: a
 # static cache and torch.compile for every schedule, stock generate and prompt lookup; GSM8K test prompts), one
 # checkpoint at a time with nothing else running (about 40 minutes on 2 CPU cores, half of it SmolLM2), then
-# regenerate the README's results block.
+# regenerate the results block of docs/results.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -14,4 +14,4 @@ for name in tiny-nemotron-random tiny-nemotron-gsm8k tiny-setdlm-gsm8k; do
 done
 hf-packed-ss bench --model smollm2-135m-drafter --suite gsm8k --limit 5 --max-new-tokens 128 --compile \
     --out docs/results/compiled-smollm2-135m-drafter --no-progress
-python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme README.md
+python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md

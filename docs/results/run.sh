@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Usage: [LIMIT=N] [REPEATS=R] docs/results/run.sh NAME... -- benchmark trained bundled checkpoints (one at a time, nothing else running), then regenerate the README's
-# and the model cards' results blocks from the results.json files.
+# Usage: [LIMIT=N] [REPEATS=R] docs/results/run.sh NAME... -- benchmark trained bundled checkpoints (one at a time, nothing else running), then regenerate the results blocks of
+# docs/results.md and the model cards from the results.json files.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -9,4 +9,4 @@ for name in "$@"; do
     hf-packed-ss probe --results "docs/results/$name/results.json" --json "docs/results/$name/probe.json"
     python -m hf_packed_ss.bench.readme "docs/results/$name/results.json" --readme "model_cards/$name/README.md"
 done
-python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme README.md  # every model benched so far
+python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md  # every model benched so far

@@ -180,7 +180,7 @@ def disable(model: nn.Module) -> nn.Module:
 
 def release_decoders_that_cannot_run(model: nn.Module) -> dict[str, str]:
     """The release's decoders (`generate`, `linear_spec_generate`) that fail on the installed transformers,
-    each with the reason. The two incompatibilities found by running the release (see the README) are
+    each with the reason. The two incompatibilities found by running the release (see docs/design.md) are
     checked as such, not by version number:
 
     - its own Ministral3 stack (remote code) takes `past_key_values`, which transformers 5.24 renamed to

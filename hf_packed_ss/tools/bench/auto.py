@@ -129,7 +129,7 @@ def _percent(value: float | None) -> str:
 
 
 def table(files: list[str]) -> str:
-    """One row per bench results.json with an auto section: the README's auto figures."""
+    """One row per bench results.json with an auto section: the auto figures of docs/auto.md."""
     import json
     from pathlib import Path
 

@@ -202,7 +202,7 @@ def run(model, tokenizer, inputs: list[torch.Tensor], schedules: list[str], batc
         settings: Settings, repeats: int, out: Path, seed: int = 0, probe_iters: int = 5, command: str = "",
         environment: dict | None = None, name: str = "") -> dict:
     """Measure, summarise, probe, print and write `batched.json` (with the `command` and `environment` that
-    produced it, for the README's results section); returns the results."""
+    produced it, for the results section of docs/results.md); returns the results."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if STOCK not in schedules:
         schedules = [STOCK, *schedules]

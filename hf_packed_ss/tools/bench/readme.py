@@ -1,13 +1,14 @@
-"""Regenerate the README's results section from bench `results.json` files, so no figure is typed by hand.
+"""Regenerate the results blocks of the docs pages from bench `results.json` files, so no figure is typed by hand.
 
-    python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json --readme README.md
+    python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json
 
 replaces everything between the two marker comments with, per results file, the command that produced it,
 the machine, and the paired-ratio (for `bench --compile`: compiled vs eager) and absolute tables of its report (a
 `batched.json` of `bench --batch-size`:
 its batch table, probe fit and crossovers); a `probe.json` beside a results file
 (`hf-packed-ss probe --results R --json probe.json`) adds the fitted call cost tau + delta * rows and the
-throughput it predicts next to the measured one.
+throughput it predicts next to the measured one. The page is `docs/results.md` by default; with `--auto` (the
+auto figures block) `docs/auto.md`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .report import absolute_table, ratio_table
 
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
 AUTO_START, AUTO_END = "<!-- auto-results:start -->", "<!-- auto-results:end -->"  # `--auto`: the auto figures
+RESULTS_PAGE, AUTO_PAGE = Path("docs/results.md"), Path("docs/auto.md")  # the pages holding the two blocks
 
 
 def probe_lines(probe: dict) -> list[str]:
@@ -105,10 +107,13 @@ def update(readme: Path, files: list[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_packed_ss.bench.readme", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--readme", type=Path, default=Path("README.md"))
-    parser.add_argument("--auto", action="store_true", help="the auto figures block (results of benches with auto)")
+    parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
+                        help=f"the markdown file to rewrite (default: {RESULTS_PAGE}; with --auto: {AUTO_PAGE})")
+    parser.add_argument("--auto", action="store_true",
+                        help=f"the auto figures block (results of benches with auto), in {AUTO_PAGE} by default")
     args = parser.parse_args(argv)
-    (update_auto if args.auto else update)(args.readme, args.results)
+    page = args.page or (AUTO_PAGE if args.auto else RESULTS_PAGE)
+    (update_auto if args.auto else update)(page, args.results)
     return 0
 
 
