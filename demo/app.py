@@ -33,9 +33,9 @@ except ModuleNotFoundError as err:  # run from a checkout without `pip install -
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_packed_ss.engine.schedules import DEFAULT_BRANCHES, WINDOW_SCHEDULES
-from hf_packed_ss.generation import family
+from hf_packed_ss.front.families import family
 from hf_packed_ss.tools.bench.measure import BRANCHES, REFERENCE
-from hf_packed_ss.tools.cli import load_model
+from hf_packed_ss.tools.loading import load_model
 from hf_packed_ss.tools.race import (
     DECODE_LOCK,
     DEFAULT_MAX_NEW_TOKENS,
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     name = args.model or default_model()
-    from hf_packed_ss.tools.bench.command import resolve
+    from hf_packed_ss.tools.loading import resolve
 
     device, dtype = resolve(args.device, args.dtype)
     model, tokenizer = load_model(name, dtype)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from hf_packed_ss.engine import SamePositionLayout
-from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.plan import CallResult
+from hf_packed_ss.engine import SamePositionLayout, ShiftedBlockLayout
+from hf_packed_ss.engine.contract import CallResult
 
 
 class Oracle:
@@ -47,7 +46,7 @@ class Oracle:
         return call
 
 
-class OracleLayout(Oracle, NemotronLayout):
+class OracleLayout(Oracle, ShiftedBlockLayout):
     """The oracle drafter on the shifted-block layout (Nemotron format)."""
 
 

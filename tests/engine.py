@@ -7,7 +7,7 @@ import torch
 
 from hf_packed_ss.engine import SCHEDULES, WINDOW_SCHEDULES, SamePositionLayout, ShiftedBlockLayout, Step
 from hf_packed_ss.engine import decode as engine_decode
-from hf_packed_ss.generation import model_forward
+from hf_packed_ss.front import model_forward
 
 
 def any_order(model) -> bool:

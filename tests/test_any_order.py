@@ -14,9 +14,9 @@ from conftest import tiny_setdlm
 from engine import Trace, schedule_for
 from engine import decode as engine_decode
 
-from hf_packed_ss.acceptance import Greedy, probabilities
-from hf_packed_ss.generation import model_forward
-from hf_packed_ss.schedules import WINDOW_SCHEDULES
+from hf_packed_ss.engine.acceptance import Greedy, probabilities
+from hf_packed_ss.engine.schedules import WINDOW_SCHEDULES
+from hf_packed_ss.front import model_forward
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
 
@@ -146,9 +146,9 @@ def test_confidence_scores_follow_appendix_e6(setdlms, mode):
                 top = probabilities(result.verifier).max(dim=-1).values
                 scores = {j: float(top[r]) for r, j in enumerate(plan.order)}
             else:
-                g = min(h, len(plan.regions) - 1)
+                g = min(h, len(plan.branches) - 1)
                 top = probabilities(result.proposals[g]).max(dim=-1).values
-                first = plan.regions[g] + 1  # a verifying call's region b holds ranks b + 1 .. u - 1
+                first = plan.branches[g] + 1  # a verifying call's region b holds ranks b + 1 .. u - 1
                 scores = {j: float(top[r - first]) for r, j in enumerate(plan.order) if r >= len(pairs)}
     assert checked > 3
 
@@ -189,7 +189,7 @@ def test_rows_that_cannot_matter_are_dropped_exactly(setdlms, mode, order):
         plan, call = step["plan"], step["call"]
         u, p, kappa = len(plan.order), call.cache_rows_before_draft, plan.available
         drafted = sum(d is not None for d in plan.draft)
-        assert call.rows == p + drafted + min(kappa + 1, u) + sum(u - 1 - b for b in plan.regions)
+        assert call.rows == p + drafted + min(kappa + 1, u) + sum(u - 1 - b for b in plan.branches)
     assert sum(s["call"].rows for s in lean) < sum(s["call"].rows for s in runs[True][2])
 
 
@@ -265,7 +265,7 @@ def test_native_stops_on_a_multi_token_marker(setdlms):
 
 
 def _marker_stop(markers):
-    from hf_packed_ss.generation import StopSequenceCriteria
+    from hf_packed_ss.front import StopSequenceCriteria
 
     criteria = StopSequenceCriteria(markers)
     return lambda sequence: bool(criteria(sequence[None], None).any())

@@ -168,8 +168,8 @@ def test_random_arms_sampling_test_has_power(small):
 
     class FreshQRandomArms(RandomArms):
         def advance(self, plan, result):
-            if self.started and plan.proposals and plan.n_draft:
-                self.draft.q = ProposalDistribution.from_logits(result.proposals[0][: plan.n_draft])
+            if self.started and plan.proposals and plan.available:
+                self.draft.q = ProposalDistribution.from_logits(result.proposals[0][: plan.available])
             return super().advance(plan, result)
 
     processors = _processors(small, OPTIONS["plain"])

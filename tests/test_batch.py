@@ -11,7 +11,7 @@ from drafters import Collect, OracleLayout, OracleSamePositionLayout
 from engine import schedule_for
 
 from hf_packed_ss.engine import RejectionSampler, decode, decode_batch
-from hf_packed_ss.generation import model_forward
+from hf_packed_ss.front import model_forward
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +475,7 @@ def test_a_cancelled_streamer_ends_a_single_decode_early(nemotron):
 def _arrivals(model, tokenizer, mode, width, plan):
     """An `admit` that hands the batch new prompts (GSM8K questions) at given rounds: plan = {round: [limits]}."""
     from hf_packed_ss.engine import ShiftedBlockLayout
-    from hf_packed_ss.engine.batch import Arrival
+    from hf_packed_ss.engine.batch_cache import Arrival
 
     questions = iter(_questions(tokenizer, sum(map(len, plan.values())), skip=9))
     joined, calls = [], [0]
@@ -522,7 +522,7 @@ def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep, limit)
     """Rows that arrive once every row of the batch has ended (before its first steady call, or after) start it
     over and decode as alone."""
     from hf_packed_ss.engine import ShiftedBlockLayout
-    from hf_packed_ss.engine.batch import Arrival
+    from hf_packed_ss.engine.batch_cache import Arrival
 
     model, tokenizer = trained
     prompts = _questions(tokenizer, 4)
@@ -552,7 +552,7 @@ def test_rows_join_a_static_batch_into_its_free_rows_as_their_solo_decodes(train
     while none is free; one whose prompt is longer than the cache moves the rows in use right; the cache is never
     reallocated; every row gets exactly its solo tokens and calls."""
     from hf_packed_ss.engine import ShiftedBlockLayout
-    from hf_packed_ss.engine.batch import Arrival
+    from hf_packed_ss.engine.batch_cache import Arrival
     from hf_packed_ss.engine.static import steady_rows
     from hf_packed_ss.front.forward import static_batch_forward
 

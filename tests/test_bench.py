@@ -1,4 +1,4 @@
-"""The benchmark (`hf_packed_ss.bench`): interleaving order, ratio definitions, the paired bootstrap against
+"""The benchmark (`hf_packed_ss.tools.bench`): interleaving order, ratio definitions, the paired bootstrap against
 hand-computed cases, graders, suites, the cost-model probe, and a tiny end-to-end run of the CLI."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from hf_packed_ss.tools.bench.command import encode
 from hf_packed_ss.tools.bench.grading import (
     gsm8k_correct,
     gsm8k_prediction,
@@ -17,11 +16,14 @@ from hf_packed_ss.tools.bench.grading import (
     humaneval_passes,
 )
 from hf_packed_ss.tools.bench.measure import run_interleaved
-from hf_packed_ss.tools.bench.probe import expected_tokens, fit, formula_predictions, rows_per_iteration
+from hf_packed_ss.tools.bench.probe import expected_tokens, formula_predictions
 from hf_packed_ss.tools.bench.record import Record
+from hf_packed_ss.tools.bench.rows import rows_per_iteration
 from hf_packed_ss.tools.bench.statistics import aggregate, paired_intervals, per_prompt_totals, rotation
 from hf_packed_ss.tools.bench.suites import SAMPLE, Prompt, gsm8k_shots, load_suite, question_ids
+from hf_packed_ss.tools.bench.timing import fit
 from hf_packed_ss.tools.cli import main as cli_main
+from hf_packed_ss.tools.loading import encode
 
 # ---------------------------------------------------------------- interleaving
 

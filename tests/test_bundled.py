@@ -159,7 +159,7 @@ def test_repeat_statistics_and_auto_repeats():
 def test_run_command_falls_back_to_the_tiny_checkpoint_with_a_hint(monkeypatch, capsys):
     """Without the SmolLM2 base the main command still decodes, with a trained tiny checkpoint, and says how
     to get the drafter in one line."""
-    from hf_packed_ss import smollm2
+    from hf_packed_ss.models import smollm2
     from hf_packed_ss.tools import cli
 
     monkeypatch.setattr(smollm2, "installed", lambda: False)
@@ -229,7 +229,7 @@ def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
     import subprocess
     import sys
 
-    from hf_packed_ss import smollm2
+    from hf_packed_ss.models import smollm2
 
     folder = tmp_path / name
     assert main(["publish", name, "--repo-id", f"someone/{name}", "--local-dir", str(folder)]) == 0
@@ -241,7 +241,7 @@ def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
         assert (folder / file).is_file(), file
     script = (
         "import sys, torch\n"
-        "from hf_packed_ss import smollm2\n"
+        "from hf_packed_ss.models import smollm2\n"
         "from hf_packed_ss.tools.bench.suites import question_ids\n"
         "m, t = smollm2.load(sys.argv[1])\n"
         "ids = question_ids(t, 'What is 12 + 30?')\n"

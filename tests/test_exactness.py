@@ -8,8 +8,8 @@ from conftest import reference_greedy, tiny_model
 from drafters import OracleLayout
 from engine import decode
 
-from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.schedules import SCHEDULES
+from hf_packed_ss.engine import ShiftedBlockLayout
+from hf_packed_ss.engine.schedules import SCHEDULES
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
 WIDTHS = [1, 2, 3, 7, 15, 31]
@@ -20,7 +20,7 @@ def _prompt(seed: int, length: int, vocab: int) -> torch.Tensor:
 
 
 def _decode(model, mode, width, prompt, max_new, eos=(), layout=None):
-    layout = layout or NemotronLayout(model.config.mask_token_id)
+    layout = layout or ShiftedBlockLayout(model.config.mask_token_id)
     with torch.no_grad():
         seq, stats = decode(model, SCHEDULES[mode](width), prompt, max_new, layout=layout, eos=eos)
     return seq[prompt.numel():].tolist(), stats

@@ -19,19 +19,17 @@ from engine import decode
 from test_sampling import EOS, OPTIONS, PROMPT, SAMPLES, THRESHOLD, V, _processors, exact_distribution, p_value
 from transformers import GenerationConfig
 
-from hf_packed_ss.acceptance import Greedy, RejectionSampler
-from hf_packed_ss.any_order_runner import run_any_order
-from hf_packed_ss.bench.measure import Settings, decoder_for, schedule_mode, schedule_name
-from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import NemotronLayout, SetDLMLayout
-from hf_packed_ss.runner import run
-from hf_packed_ss.schedules import (
+from hf_packed_ss.engine import SamePositionLayout, ShiftedBlockLayout
+from hf_packed_ss.engine import decode as engine_decode
+from hf_packed_ss.engine.acceptance import Greedy, RejectionSampler
+from hf_packed_ss.engine.schedules import (
     DEFAULT_BRANCHES,
     SCHEDULES,
     WINDOW_SCHEDULES,
     HybridSSSchedule,
-    WindowHybridSSSchedule,
 )
+from hf_packed_ss.front import model_forward
+from hf_packed_ss.tools.bench.measure import Settings, decoder_for, schedule_mode, schedule_name
 
 PREFIX_WIDTHS = [1, 2, 3, 7, 15, 31]  # as tests/test_exactness.py
 WINDOW_WIDTHS = [1, 4, 8, 16]  # as tests/test_any_order.py (max_block_size 16)
@@ -209,12 +207,12 @@ def test_prefix_branch_rule_call_by_call(k):
     class Logged(HybridSSSchedule):
         def advance(self, plan, result):
             verdict = super().advance(plan, result)
-            log.append((plan.n_draft, verdict.h, self.draft.numel()))
+            log.append((plan.available, verdict.h, self.draft.numel()))
             return verdict
 
     prompt = torch.tensor([1, 2, 3])
     seq, stats = decode(None, Logged(width, speculative_branches=k), prompt, 80, forward=forward,
-                        layout=NemotronLayout(mask_id))
+                        layout=ShiftedBlockLayout(mask_id))
     assert seq[3:].tolist() == truth[3:83].tolist()  # position p holds the verifier's argmax at p
     start = 3  # absolute position of the first draft token of the next iteration
     for i, (n, h, n_next) in enumerate(log):
@@ -233,15 +231,15 @@ def test_any_order_branch_rule_call_by_call(k):
     forward, truth = _two_table_forward(vocab, mask_id, 0, seed=10 + k)
     log = []
 
-    class Logged(WindowHybridSSSchedule):
+    class Logged(HybridSSSchedule):
         def advance(self, plan, result):
             verdict = super().advance(plan, result)
-            log.append((plan.order, plan.available, verdict.h, plan.regions))
+            log.append((plan.order, plan.available, verdict.h, plan.branches))
             return verdict
 
     prompt = torch.tensor([1, 2, 3])
     seq, _ = decode(None, Logged(width, speculative_branches=k), prompt, 60, forward=forward,
-                    layout=SetDLMLayout(mask_id))
+                    layout=SamePositionLayout(mask_id))
     assert seq[3:].tolist() == truth[3:63].tolist()
     for order, available, h, regions in log:
         assert h == _expected_h([3 + j for j in order[:available]]), (order, available, h)
@@ -270,15 +268,14 @@ def test_hybrid_samples_the_ar_distribution(small_models, family, width, k, opti
     processors = _processors(model, OPTIONS[options])
     exact = exact_distribution(model, processors)
     any_order = family == "any_order"
-    cls, runner = (WindowHybridSSSchedule, run_any_order) if any_order else (HybridSSSchedule, run)
-    layout = (SetDLMLayout if any_order else NemotronLayout)(model.config.mask_token_id)
+    layout = (SamePositionLayout if any_order else ShiftedBlockLayout)(model.config.mask_token_id)
     forward = model_forward(model)
     torch.manual_seed(4321)
     counts: Counter = Counter()
     with torch.no_grad():
         for _ in range(SAMPLES):
-            seq, _ = runner(forward, cls(width, RejectionSampler(), speculative_branches=k), layout, PROMPT, 3, [EOS],
-                            processors)
+            seq, _ = engine_decode(forward, HybridSSSchedule(width, RejectionSampler(), speculative_branches=k), layout,
+                                   PROMPT, 3, [EOS], processors)
             counts[tuple(seq[PROMPT.numel():].tolist())] += 1
     assert p_value(counts, exact) > THRESHOLD
 
@@ -301,7 +298,7 @@ def test_default_k_and_config(models):
     packed = model.generate(prompt, generation_config=config, assistant_mode="packed_ss", max_new_tokens=20)
     assert packed[0, 5:].tolist() == default[0][5:]
     assert DEFAULT_BRANCHES == 2 and SCHEDULES["hybrid_ss"] is HybridSSSchedule
-    assert WINDOW_SCHEDULES["hybrid_ss"] is WindowHybridSSSchedule
+    assert WINDOW_SCHEDULES["hybrid_ss"] is HybridSSSchedule
 
 
 @pytest.mark.parametrize("family", ["prefix", "any_order"])
@@ -320,9 +317,8 @@ def test_bad_speculative_branches_raise(models, setdlms, family):
     with pytest.raises(ValueError, match="only applies to assistant_mode='hybrid_ss'"):
         model.generate(prompt, generation_config=GenerationConfig(assistant_mode="packed_ss", speculative_branches=2),
                        max_new_tokens=4)
-    cls = HybridSSSchedule if family == "prefix" else WindowHybridSSSchedule
     with pytest.raises(ValueError, match=r"use an integer in \[1, 4\]"):
-        cls(3, Greedy(), speculative_branches=5)
+        HybridSSSchedule(3, Greedy(), speculative_branches=5)
 
 
 # ---------------------------------------------------------------- the tools
@@ -345,25 +341,28 @@ def test_tools_name_the_k(models):
 
 
 def test_demo_shows_the_k(models):
-    from hf_packed_ss import demo
+    from hf_packed_ss.tools import race
+    from hf_packed_ss.tools.demo import load_app
+
+    app = load_app()  # demo/app.py: the lanes' HTML
 
     class Tokens:  # the demo only decodes ids to text
         def decode(self, ids):
             return "".join(chr(65 + i % 26) for i in ids)
 
     model, prompt = models[2], torch.arange(4)[None]
-    assert "hybrid_ss" in demo.ORDER and demo.LABELS["hybrid_ss"] == "Hybrid-SS"
-    trace = demo.decode_one(model, Tokens(), prompt, "hybrid_ss", width=3, max_new_tokens=10,
+    assert "hybrid_ss" in race.ORDER and race.LABELS["hybrid_ss"] == "Hybrid-SS"
+    trace = race.decode_one(model, Tokens(), prompt, "hybrid_ss", width=3, max_new_tokens=10,
                             sampling={"do_sample": False}, branches=3)
     assert trace.branches == 3 and trace.label == "Hybrid-SS (k=3)"
     assert trace.tokens == reference_greedy(model, prompt[0], 10)
-    assert "W = 3, k = 3" in demo.lane_html(trace, "hybrid_ss")
-    default = demo.decode_one(model, Tokens(), prompt, "hybrid_ss", width=3, max_new_tokens=10,
+    assert "W = 3, k = 3" in app.lane_html(trace, "hybrid_ss")
+    default = race.decode_one(model, Tokens(), prompt, "hybrid_ss", width=3, max_new_tokens=10,
                               sampling={"do_sample": False})
     assert default.branches == DEFAULT_BRANCHES
-    packed = demo.decode_one(model, Tokens(), prompt, "packed_ss", width=3, max_new_tokens=10,
+    packed = race.decode_one(model, Tokens(), prompt, "packed_ss", width=3, max_new_tokens=10,
                              sampling={"do_sample": False}, branches=3)
-    assert packed.branches == 0 and "k =" not in demo.lane_html(packed, "packed_ss")
+    assert packed.branches == 0 and "k =" not in app.lane_html(packed, "packed_ss")
 
 
 @pytest.mark.parametrize("family", ["prefix", "any_order"])

@@ -8,11 +8,10 @@ from conftest import reference_greedy, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import DynamicCache
 
-from hf_packed_ss.engine import DecoderState
-from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.lora import proposal_only_adapters, proposal_rows
-from hf_packed_ss.schedules import SCHEDULES
+from hf_packed_ss.engine import DecoderState, ShiftedBlockLayout
+from hf_packed_ss.engine.schedules import SCHEDULES
+from hf_packed_ss.front import model_forward
+from hf_packed_ss.models.lora import proposal_only_adapters, proposal_rows
 
 PROMPT = torch.tensor([[5, 9, 2, 7, 1]])
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -41,7 +40,7 @@ def test_adapter_applies_to_proposal_rows_only():
     peft_model, _ = _with_adapter()
     inner = peft_model.base_model.model
     plan = SCHEDULES["packed_ss"](4).plan(tuple(range(5)))  # first call: prompt rows + W + 1 proposal rows
-    call = NemotronLayout(inner.config.mask_token_id).build(plan, DecoderState(PROMPT[0], 20, 10))
+    call = ShiftedBlockLayout(inner.config.mask_token_id).build(plan, DecoderState(PROMPT[0], 20, 10))
     forward = model_forward(inner)
     with torch.no_grad():
         with proposal_only_adapters(inner):

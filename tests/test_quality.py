@@ -137,7 +137,7 @@ def _drafter(folder: Path, perturb_verifier: bool = False):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from hf_packed_ss.smollm2 import MaskEmbedding, attach_drafter
+    from hf_packed_ss.models.smollm2 import MaskEmbedding, attach_drafter
 
     tokenizer = AutoTokenizer.from_pretrained(bundled.path("smollm2-135m-drafter"))
     torch.manual_seed(0)
@@ -191,8 +191,8 @@ def test_quality_command_rewrites_only_the_card_block(tmp_path, capsys):
     text = card.read_text()
     assert "old" not in text and text.startswith("# card\n\n") and text.endswith(f"{END}\n\nafter\n")
     block = text.split(START)[1].split(END)[0]
-    assert ("python -m hf_packed_ss.quality tiny-nemotron-random --limit 2 --held-out 2 --max-new-tokens 8 --width 3"
-            " --bare" in block)
+    assert ("python -m hf_packed_ss.tools.quality tiny-nemotron-random --limit 2 --held-out 2 --max-new-tokens 8"
+            " --width 3 --bare" in block)
     first, rest = block.split("**First 2 GSM8K test questions (test 0-1)")[1].split("held-out GSM8K test questions", 1)
     held_out, bare = rest.split("as bare questions")
     assert "(test 1299-1300" in held_out

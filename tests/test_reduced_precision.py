@@ -6,7 +6,7 @@ import torch
 
 from hf_packed_ss import bundled
 from hf_packed_ss.tools.bench.suites import question_ids
-from hf_packed_ss.tools.cli import QUESTION
+from hf_packed_ss.tools.loading import QUESTION
 
 
 def test_ar_equals_stock_generate_in_bfloat16():

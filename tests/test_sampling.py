@@ -19,11 +19,10 @@ from engine import decode
 from scipy.stats import chisquare
 from transformers import GenerationConfig
 
-from hf_packed_ss.acceptance import Greedy, ProposalDistribution, RejectionSampler, probabilities
-from hf_packed_ss.engine import SamePositionLayout, decode_batch
-from hf_packed_ss.generation import model_forward
-from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule
+from hf_packed_ss.engine import SamePositionLayout, ShiftedBlockLayout, decode_batch
+from hf_packed_ss.engine.acceptance import Greedy, ProposalDistribution, RejectionSampler, probabilities
+from hf_packed_ss.engine.schedules import SCHEDULES, WINDOW_SCHEDULES, PackedSSSchedule
+from hf_packed_ss.front import model_forward
 
 V, EOS, L, WIDTH = 6, 0, 3, 2
 PROMPT = torch.tensor([1, 2])
@@ -71,7 +70,7 @@ def sample_batched(model, schedule, processors, prompts: list[torch.Tensor], see
     """One sample per prompt, drawn `rows` prompts per batched decode (a fresh schedule per row, as at batch 1);
     returns each row's continuation."""
     torch.manual_seed(seed)
-    layout = SamePositionLayout if model.config.model_type == "setdlm" else NemotronLayout
+    layout = SamePositionLayout if model.config.model_type == "setdlm" else ShiftedBlockLayout
     out = []
     for first in range(0, len(prompts), rows):
         chunk = prompts[first : first + rows]
@@ -104,8 +103,8 @@ class FreshQPackedSS(PackedSSSchedule):
     current call (from the newer prefix) instead of the stored one it was drawn from."""
 
     def advance(self, plan, result):
-        if self.started and plan.n_draft:
-            self.draft.q = ProposalDistribution.from_logits(result.proposals[0][: plan.n_draft])
+        if self.started and plan.available:
+            self.draft.q = ProposalDistribution.from_logits(result.proposals[0][: plan.available])
         return super().advance(plan, result)
 
 
@@ -210,7 +209,7 @@ def test_identical_drafter_accepts_every_draft_token(mode, top_k):
     sampler = RecordingSampler()
     torch.manual_seed(0)
     seq, stats = decode(None, SCHEDULES[mode](5, sampler), torch.tensor([1, 2, 3]), 60,
-                        forward=_positional_forward(table, mask_id), layout=NemotronLayout(mask_id),
+                        forward=_positional_forward(table, mask_id), layout=ShiftedBlockLayout(mask_id),
                         processors=processors)
     drafted = [(h, k) for h, k in sampler.log if k]
     assert drafted and all(h == k for h, k in drafted)

@@ -10,9 +10,9 @@ from engine import decode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_packed_ss.layouts import NemotronLayout
-from hf_packed_ss.plan import CallResult
-from hf_packed_ss.schedules import SCHEDULES
+from hf_packed_ss.engine import ShiftedBlockLayout
+from hf_packed_ss.engine.contract import CallResult
+from hf_packed_ss.engine.schedules import SCHEDULES
 
 
 @pytest.mark.parametrize("width", [1, 3, 7])
@@ -78,7 +78,7 @@ class _Null:
         return torch.zeros(call.logit_rows.numel(), self.vocab)
 
 
-class ThresholdLayout(NemotronLayout):
+class ThresholdLayout(ShiftedBlockLayout):
     """A synthetic model satisfying Assumption 3.1: the verifier's greedy continuation is `target`;
     the drafter's prediction at output position k, from a context of c verified output tokens, is
     right exactly when c >= thresholds[k]."""
@@ -101,7 +101,7 @@ class ThresholdLayout(NemotronLayout):
             return self.target[k - 1] if k <= L else 0
 
         def read(_logits):
-            verifier = self._onehot([tok(done + i) for i in range(1, plan.n_draft + 2)]) if plan.verify else None
+            verifier = self._onehot([tok(done + i) for i in range(1, plan.available + 2)]) if plan.verify else None
             proposals = []
             for p, ranks in zip(plan.proposals, call.proposal_ranks, strict=True):
                 c = done + p.branch

@@ -147,7 +147,7 @@ def test_slot_cache_moves_its_length_and_refuses_to_overflow():
 def test_slot_cache_selects_rows_and_gathers_columns_as_a_dynamic_cache_does():
     """A lockstep batch's leaving rows and compaction, in place over the slots: the same keys as the DynamicCache's
     `batch_select_indices` and `batch.gather_columns` give."""
-    from hf_packed_ss.engine.batch import gather_columns
+    from hf_packed_ss.engine.batch_cache import gather_columns
 
     keys = torch.randn(3, 2, 6, 4)
     slot, dynamic = SlotCache(layers=1, capacity=10, device="cpu"), DynamicCache()

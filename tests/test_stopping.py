@@ -11,8 +11,8 @@ from engine import decode
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from hf_packed_ss import bundled
-from hf_packed_ss.generation import stopping
-from hf_packed_ss.schedules import SCHEDULES
+from hf_packed_ss.engine.schedules import SCHEDULES
+from hf_packed_ss.front import stopping
 
 SPECULATIVE = ["linear_ss", "quadratic_ss", "packed_ss"]
 
@@ -124,7 +124,7 @@ def test_conflicting_options_raise(loaded, kwargs, message):
 def test_candidate_generator_exposes_the_retained_draft(loaded, mode, do_sample):
     """Code written against transformers' CandidateGenerator interface sees the draft each iteration."""
     from hf_packed_ss import PackedSSCandidateGenerator
-    from hf_packed_ss.acceptance import Greedy, RejectionSampler
+    from hf_packed_ss.engine.acceptance import Greedy, RejectionSampler
 
     model, _, ids = loaded
     full = model.generate(ids, max_new_tokens=40, assistant_mode=None)[0, ids.shape[1]:].tolist()

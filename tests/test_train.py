@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_packed_ss import bundled
-from hf_packed_ss.lora import proposal_only_adapters
+from hf_packed_ss.models.lora import proposal_only_adapters
 from hf_packed_ss.tools.train import LOSSES, DrafterExample, TrainConfig, build_model, corpus, sample_batch
 
 TINY = dict(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, block_size=8, seq_len=48, batch=4)
@@ -45,7 +45,7 @@ def test_a_training_step_lowers_the_loss(fmt, distill):
 def test_drafter_step_lowers_kl_and_never_touches_the_verifier():
     from peft import LoraConfig, get_peft_model
 
-    from hf_packed_ss.smollm2 import MaskEmbedding, attach_drafter
+    from hf_packed_ss.models.smollm2 import MaskEmbedding, attach_drafter
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -74,8 +74,8 @@ def test_drafter_loss_equals_one_packed_forward_of_sequence_and_blocks():
     import torch.nn.functional as F
     from peft import LoraConfig, get_peft_model
 
-    from hf_packed_ss.lora import proposal_rows
-    from hf_packed_ss.smollm2 import MaskEmbedding, attach_drafter
+    from hf_packed_ss.models.lora import proposal_rows
+    from hf_packed_ss.models.smollm2 import MaskEmbedding, attach_drafter
     from hf_packed_ss.tools.train import drafter_examples
 
     torch.manual_seed(0)

@@ -13,8 +13,8 @@ from engine import schedule_for
 
 from hf_packed_ss import bundled
 from hf_packed_ss.engine import decode
+from hf_packed_ss.front import model_forward
 from hf_packed_ss.front.families import family
-from hf_packed_ss.generation import model_forward
 
 
 class Redrawn:

@@ -19,8 +19,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from hf_packed_ss import smollm2
-from hf_packed_ss.lora import proposal_rows
+from hf_packed_ss.models import smollm2
+from hf_packed_ss.models.lora import proposal_rows
 
 ADAPTERS = {  # name: (target modules, rank); None: the base model alone
     "none": None,

@@ -20,12 +20,11 @@ import random
 import numpy as np
 import torch
 
-from hf_packed_ss.cli import load_model
 from hf_packed_ss.engine import cost as cost_module
 from hf_packed_ss.engine import width
 from hf_packed_ss.front.measured import forget
-from hf_packed_ss.tools.bench.command import encode
 from hf_packed_ss.tools.bench.suites import load_suite
+from hf_packed_ss.tools.loading import encode, load_model
 
 TABLES = {  # (AR calls, drafting calls): ms by rows
     "cpu": ({1: 1.49}, {3: 1.66, 6: 2.05, 10: 2.2, 14: 2.35, 18: 2.6, 31: 2.84, 64: 3.76}),  # tiny, 2-core CPU

@@ -23,8 +23,8 @@ from transformers import CompileConfig
 
 from hf_packed_ss import bundled
 from hf_packed_ss.front.generate import INDUCTOR_OPTIONS
-from hf_packed_ss.tools.bench.command import encode
 from hf_packed_ss.tools.bench.suites import load_suite
+from hf_packed_ss.tools.loading import encode
 from hf_packed_ss.tools.quality import HELD_OUT_FILE
 
 SCHEDULES = ["ar", "linear_ss", "quadratic_ss", "packed_ss", "hybrid_ss"]

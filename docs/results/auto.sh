@@ -16,4 +16,4 @@ for suite in gsm8k humaneval; do
     hf-packed-ss bench --model smollm2-135m-drafter --suite "$suite" --limit 6 --max-new-tokens 128 \
         --schedules ${fixed//packed_ss@8/packed_ss@7} --out "docs/results/auto/smollm2-135m-drafter-$suite" --no-progress
 done
-python -m hf_packed_ss.bench.readme --auto docs/results/auto/*/results.json --readme docs/auto.md  # the auto figures block
+python -m hf_packed_ss.tools.bench.readme --auto docs/results/auto/*/results.json --readme docs/auto.md  # the auto figures block

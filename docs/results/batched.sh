@@ -9,4 +9,4 @@ hf-packed-ss bench --model tiny-nemotron-gsm8k --suite gsm8k --limit 16 --batch-
     --max-new-tokens 128 --out docs/results/batched-tiny-nemotron-gsm8k --no-progress
 hf-packed-ss bench --model smollm2-135m-drafter --suite gsm8k --limit 16 --shots 0 --batch-size 1 4 16 --repeats 2 \
     --max-new-tokens 64 --out docs/results/batched-smollm2-135m-drafter --no-progress
-python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md
+python -m hf_packed_ss.tools.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md

@@ -14,4 +14,4 @@ for name in tiny-nemotron-random tiny-nemotron-gsm8k tiny-setdlm-gsm8k; do
 done
 hf-packed-ss bench --model smollm2-135m-drafter --suite gsm8k --limit 5 --max-new-tokens 128 --compile \
     --out docs/results/compiled-smollm2-135m-drafter --no-progress
-python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md
+python -m hf_packed_ss.tools.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md

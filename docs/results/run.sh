@@ -7,6 +7,6 @@ export OMP_NUM_THREADS=1
 for name in "$@"; do
     hf-packed-ss bench --model "$name" --suite gsm8k --limit "${LIMIT:-10}" --repeats "${REPEATS:-1}" --max-new-tokens 128 --out "docs/results/$name" --no-progress
     hf-packed-ss probe --results "docs/results/$name/results.json" --json "docs/results/$name/probe.json"
-    python -m hf_packed_ss.bench.readme "docs/results/$name/results.json" --readme "model_cards/$name/README.md"
+    python -m hf_packed_ss.tools.bench.readme "docs/results/$name/results.json" --readme "model_cards/$name/README.md"
 done
-python -m hf_packed_ss.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md  # every model benched so far
+python -m hf_packed_ss.tools.bench.readme docs/results/*/results.json docs/results/batched-*/batched.json --readme docs/results.md  # every model benched so far

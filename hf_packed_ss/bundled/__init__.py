@@ -46,12 +46,11 @@ def path(name: str) -> Path:
 
 
 def load(name: str, dtype: torch.dtype | None = None):
-    """Load a bundled checkpoint offline: returns `(model, tokenizer)`, model in eval mode."""
-    import hf_packed_ss  # noqa: F401  (registers the model formats)
-
+    """Load a bundled checkpoint offline: returns `(model, tokenizer)`, model in eval mode (the model formats are
+    registered: importing this module imported `hf_packed_ss` first)."""
     folder = path(name)
     if (folder / "adapter_config.json").is_file():  # a drafter for a base model installed separately
-        from .. import smollm2
+        from ..models import smollm2
 
         return smollm2.load(folder, dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
@@ -131,7 +130,7 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
 
     from safetensors.torch import load_file, save_file
 
-    from .. import smollm2
+    from ..models import smollm2
 
     out = _destination(out, "bundle_drafter", "hf_packed_ss/bundled") / name
     out.mkdir(parents=True, exist_ok=True)

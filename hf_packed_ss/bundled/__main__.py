@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..paths import GSM8K_HELP, gsm8k_split
+from ..tools.paths import GSM8K_HELP, gsm8k_split
 from . import RANDOM, build_random, bundle, bundle_drafter
 
 

@@ -2,7 +2,8 @@
 orders, schedules and layouts. It imports no model class and no tool."""
 
 from .acceptance import Acceptance, Greedy, ProposalDistribution, RejectionSampler
-from .batch import BatchCache, RowCache, decode_batch
+from .batch import decode_batch
+from .batch_cache import BatchCache, RowCache
 from .contract import CallResult, PackedCall, Plan, Proposal, Verdict
 from .layouts import SamePositionLayout, ShiftedBlockLayout
 from .loop import Forward, Step, decode, decoding

@@ -50,8 +50,6 @@ class Plan:
         """kappa_t: ranks with a stored draft token before the first without one."""
         return int(self.draft.numel())
 
-    n_draft = available
-
     @property
     def verify_ranks(self) -> int:
         """Ranks with a verifier query: the draft and, when the window has room, the bonus position."""
@@ -60,8 +58,6 @@ class Plan:
     @property
     def branches(self) -> tuple[int, ...]:
         return tuple(p.branch for p in self.proposals)
-
-    regions = branches
 
     def position(self, rank: int) -> int:
         """The output position of `rank`; ranks past the window continue it (a shifted-block proposal drafts

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import Greedy, greedy_tokens
-from .batch import Arrival, BatchCache, BatchForward, stack_rows
+from .batch_cache import Arrival, BatchCache, BatchForward, stack_rows
 from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
 from .loop import _sync, cancelled, new_stats, timed

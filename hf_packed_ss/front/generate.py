@@ -15,7 +15,7 @@ from transformers import CompileConfig, GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
-from ..engine.batch import Arrival
+from ..engine.batch_cache import Arrival
 from ..engine.lockstep import eligible as lockstep_eligible
 from ..engine.static import steady_rows
 from ..models.lora import proposal_only_adapters

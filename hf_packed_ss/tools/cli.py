@@ -6,7 +6,7 @@ schedule on a prompt suite and writes a report; ``hf-packed-ss probe`` fits the 
 and a table: tokens, NFE, tokens/NFE, time per NFE, wall time, tokens/s, speed-up over AR, the break-even
 tokens/NFE, and whether the tokens equal AR's. It times the way the benchmark does (`bench.measure`): every
 schedule is warmed up first, then decodes `--repeats` times, schedules interleaved in rotating order, and the
-median repeat is reported with the range of the repeats; a short call-cost probe (`bench.probe.time_rows`) says
+median repeat is reported with the range of the repeats; a short call-cost probe (`bench.timing.time_rows`) says
 why the fastest schedule wins. Exit code 1 when an exact schedule's tokens differ from AR's, 2 on an error.
 Claims over many prompts belong to the benchmark.
 """
@@ -23,14 +23,10 @@ from pathlib import Path
 import torch
 
 from ..engine.schedules import DEFAULT_BRANCHES, HYBRID, SCHEDULES
-from ..generation import FAMILIES, MODES
+from ..front.families import FAMILIES, MODES
 from .bench.measure import REFERENCE
+from .loading import QUESTION, check_schedules, encode_prompt, load_model, resolve
 
-# GSM8K test question 0 (MIT licence), the benchmark's first prompt: SmolLM2's answer runs the full 128 tokens,
-# where the old short default ended after 21 tokens, too short to time a speculative schedule.
-QUESTION = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
-            "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 per "
-            "fresh duck egg. How much in dollars does she make every day at the farmers' market?")
 DRAFTER, TINY = "smollm2-135m-drafter", "tiny-nemotron-gsm8k"
 # Schedules whose tokens may differ from AR's, which is no failure (SetDLM's native decoder), from the engine
 NOT_EXACT = {m for fam in FAMILIES.values() for m, s in fam.schedules.items() if not s.exact}
@@ -41,35 +37,13 @@ RUN_DEFAULT = [s for s, schedule in SCHEDULES.items() if not schedule.options]
 
 def default_model() -> str:
     """The SmolLM2 drafter when its base model is installed, else the tiny trained checkpoint (with a hint)."""
-    from .. import bundled, smollm2
+    from .. import bundled
+    from ..models import smollm2
 
     if smollm2.installed() and DRAFTER in bundled.names():
         return DRAFTER
     print(f"(using {TINY}; for the SmolLM2-135M drafter: {smollm2.HINT})", file=sys.stderr)
     return TINY
-
-
-def encode_prompt(tokenizer, prompt: str | None) -> torch.Tensor:
-    """`prompt` as given, or the default question in the model's own prompt format."""
-    from .bench.suites import question_ids
-
-    return question_ids(tokenizer, QUESTION) if prompt is None else tokenizer(prompt, return_tensors="pt").input_ids
-
-
-def load_model(name_or_path: str, dtype: torch.dtype):
-    """A bundled checkpoint name or a local folder; never the network."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .. import bundled
-
-    if name_or_path in bundled.names():
-        return bundled.load(name_or_path, dtype)
-    folder = Path(name_or_path)
-    if not folder.is_dir():
-        raise SystemExit(f"--model {name_or_path!r} is neither a bundled checkpoint {bundled.names()} "
-                         "nor a local folder.")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
-    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def summarise_run(records: list, schedules: list[str], exact: bool = True) -> list[dict]:
@@ -212,7 +186,6 @@ def run_command(args: argparse.Namespace) -> int:
     import hf_packed_ss  # noqa: F401
 
     from .bench.auto import AUTO
-    from .bench.command import check_schedules, resolve
     from .bench.compiled import cache_lengths
     from .bench.measure import COMPILED, Settings, run_interleaved
     from .bench.suites import Prompt
@@ -267,7 +240,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.probe and best is not None:  # after the timing, so it never competes with it
         import warnings
 
-        from .bench.probe import time_rows
+        from .bench.timing import time_rows
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # a PEFT model's forward takes the old cache keyword

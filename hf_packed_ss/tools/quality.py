@@ -161,7 +161,7 @@ def adapter_base(model):
         return None
     from transformers import AutoModelForCausalLM
 
-    from .. import smollm2
+    from ..models import smollm2
 
     name = next(iter(model.peft_config.values())).base_model_name_or_path
     folder = smollm2.base_folder() if name == smollm2.HUB_ID else Path(name)
@@ -259,15 +259,15 @@ def table(report: dict, width: int, reference: str, base: dict | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hf_packed_ss.quality NAME [--card FILE]`: measure and (optionally) rewrite the card's block."""
+    """`python -m hf_packed_ss.tools.quality NAME [--card FILE]`: measure and (optionally) rewrite the card's block."""
     import argparse
     import shlex
     import sys
 
-    from ..generation import default_width
-    from .cli import load_model
+    from ..front.families import default_width
+    from .loading import load_model
 
-    p = argparse.ArgumentParser(prog="python -m hf_packed_ss.quality", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m hf_packed_ss.tools.quality", description=__doc__.splitlines()[0],
                                 epilog=f"GSM8K test split: test.jsonl in {GSM8K_HELP}; without it, the questions "
                                        "shipped in hf_packed_ss/tools/bench/data/.")
     p.add_argument("model", help="bundled checkpoint name or local folder")
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter = base is not None
     name = Path(args.model).name
     bar = TOKENS_PER_NFE_BAR.get(name)
-    command = "python -m hf_packed_ss.quality " + shlex.join(
+    command = "python -m hf_packed_ss.tools.quality " + shlex.join(
         a for a in (argv if argv is not None else sys.argv[1:]) if a != str(args.card) and a != "--card")
     tokens_bar = f"Packed-SS at least {bar} tokens/NFE, " if bar is not None else ""
     if adapter:

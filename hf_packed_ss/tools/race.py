@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES
-from ..generation import default_width, family
+from ..front.families import default_width, family
 from .bench.measure import BRANCHES, REFERENCE
 from .bench.repeats import median_index, speedup, spread
 from .bench.statistics import rotation

@@ -1,4 +1,4 @@
-"""`python -m hf_packed_ss.tools.bench` (or the old `python -m hf_packed_ss.bench`): `hf-packed-ss bench`."""
+"""`python -m hf_packed_ss.tools.bench`: `hf-packed-ss bench`."""
 
 import sys
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from .measure import REFERENCE, STOCK, CallMeter, Settings, schedule_mode, sync
-from .probe import fit, time_batched
 from .repeats import spread
 from .statistics import rotation
+from .timing import fit, time_batched
 
 
 @dataclass

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID
-from ...generation import MODES, family
+from ...front.families import MODES, family
+from ..loading import check_schedules, encode, load_model, resolve
 from . import auto, compiled, report
 from .grading import grade
 from .measure import (
@@ -33,11 +34,10 @@ from .measure import (
     decoder_for,
     near_tie,
     run_interleaved,
-    schedule_mode,
     schedule_name,
 )
 from .statistics import RESAMPLES, aggregate, paired_intervals, per_prompt_totals
-from .suites import CHAT_SHOTS, SUITES, Prompt, chat_ids, load_suite, question_ids
+from .suites import CHAT_SHOTS, SUITES, Prompt, load_suite
 
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 BASELINE = "linear_ss"
@@ -100,56 +100,11 @@ def build_parser(prog: str = "hf-packed-ss bench") -> argparse.ArgumentParser:
     return p
 
 
-def fastest_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 where the hardware runs it natively: CUDA, and a CPU with AVX512-BF16 or AMX (oneDNN's
-    kernels: a call of 16 rows costs about what one of 1 row does once compiled, where float32's grows with the
-    rows); float32 elsewhere. In bfloat16 AR is stock `generate` bit for bit and the speculative schedules leave
-    it only at near-ties (docs/experiments/bf16_exactness.py); float32/float64 keep every schedule identical."""
-    if device.type == "cuda":
-        return torch.bfloat16
-    native = device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return torch.bfloat16 if native else torch.float32
-
-
-def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """`--device` and `--dtype` as given, `auto` by what this machine runs fastest (`fastest_dtype`)."""
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    return dev, fastest_dtype(dev) if dtype == "auto" else getattr(torch, dtype)
-
-
 def default_schedules(model) -> list[str]:
     ours = ["ar", "linear_ss", "quadratic_ss", "packed_ss", f"{HYBRID}:{DEFAULT_BRANCHES}", auto.AUTO]
     fam = family(model.config)
     inexact = [m for m, s in fam.schedules.items() if not s.exact] if fam is not None else []  # SetDLM's native
     return ours + inexact + list(PEERS)
-
-
-def check_schedules(schedules: list[str], model) -> None:
-    """Reject up front what the model cannot decode (e.g. `native` on a left-to-right format)."""
-    fam = family(model.config)  # also a plain causal LM given a MASK id and block size (the SmolLM2 drafter)
-    ours = [schedule_mode(s)[0] for s in schedules if s not in PEERS]
-    if ours and fam is None:
-        raise SystemExit(f"{type(model).__name__} has no packed layout: run only {list(PEERS)}.")
-    wrong = [s for s in ours if s not in fam.schedules]
-    if wrong:
-        raise SystemExit(f"{wrong} not available on model_type {model.config.model_type!r}; "
-                         f"choose from {sorted(fam.schedules) + list(PEERS)}.")
-    if len(set(schedules)) != len(schedules):
-        raise SystemExit(f"--schedules lists a schedule twice: {schedules}")
-
-
-def encode(tokenizer, prompt: Prompt, chat: bool | None, shots: int = CHAT_SHOTS) -> torch.Tensor:
-    """Prompt ids `(1, n)`. In the chat template (by default when the tokenizer has one) the user turn is
-    the bare question where the suite has one, after `shots` worked GSM8K examples for a GSM8K question,
-    else the prompt text."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if chat and not has_template:
-        raise SystemExit("--chat: this tokenizer has no chat template.")
-    if chat is False or not has_template:
-        return tokenizer(prompt.text, return_tensors="pt").input_ids
-    if prompt.grader == "gsm8k" and prompt.question is not None:
-        return question_ids(tokenizer, prompt.question, shots)
-    return chat_ids(tokenizer, prompt.question or prompt.text)
 
 
 def finish(m: Measurement, prompts: list[Prompt], tokenizer, greedy: bool, timeout_s: float, model=None,
@@ -241,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1 (got {value}).")
-    from ..cli import load_model
 
     device, dtype = resolve(args.device, args.dtype)
     torch.manual_seed(args.seed)

@@ -77,7 +77,7 @@ def call_limit(model, records, settings: Settings, inputs, iters: int = 200) -> 
     (layout, acceptance, bookkeeping, and colder CPU caches for the next call) comes on top."""
     from transformers import GenerationConfig
 
-    from .probe import bare_call, packed_call, time_interleaved
+    from .timing import bare_call, packed_call, time_interleaved
 
     ok = [r for r in records if r.error is None and r.nfe > 1]
     if not ok:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .probe import bare_call, packed_call, rows_per_iteration, time_interleaved
+from .rows import rows_per_iteration
+from .timing import bare_call, packed_call, time_interleaved
 
 SCHEDULES = ("ar", "linear_ss", "packed_ss", "quadratic_ss")
 

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from transformers.generation.streamers import BaseStreamer
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
-from ...generation import MODES
+from ...front.families import MODES
 from .record import Record
 from .statistics import rotation
 from .suites import Prompt

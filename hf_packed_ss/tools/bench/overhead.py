@@ -84,7 +84,7 @@ def one_repeat(tree: Path, args, contexts: list[int]) -> dict:
     Returns {schedule: {context: [ms]}}."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.json"
-        command = [sys.executable, "-m", "hf_packed_ss.bench.overhead", "--model", args.model, "--repeats", "1",
+        command = [sys.executable, "-m", "hf_packed_ss.tools.bench.overhead", "--model", args.model, "--repeats", "1",
                    "--contexts", *map(str, contexts), "--schedules", *args.schedules, "--threads", str(args.threads),
                    "--max-new-tokens", str(args.max_new_tokens), "--json", str(out)]
         if args.evict_mb:
@@ -130,7 +130,7 @@ def evict_after_forward(model, mib: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import load_model
+    from ..loading import load_model
 
     parser = argparse.ArgumentParser(prog="hf-packed-ss overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-nemotron-gsm8k", help="bundled checkpoint name or local folder")

@@ -11,224 +11,16 @@ alpha. The model covers model execution only; what it misses is non-model decode
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import statistics as stats
-import time
-from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
-from transformers import DynamicCache
 
 from ...engine.schedules import SCHEDULES
-from ...modeling import cache_keyword
-from .measure import sync
+from .rows import layout_default_static_shapes, rows_per_iteration
+from .timing import fit, time_rows
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def time_rows(model, rows: list[int], context: int = 128, iters: int = 10, warmup: int = 2,
-              seed: int = 0) -> dict[int, float]:
-    """Median seconds of one forward of n new rows after a cached `context`-token prompt, per n. Row counts are
-    interleaved within each round, so drift of the machine hits all alike."""
-    latency = time_batched(model, [(1, n) for n in rows], context, iters, warmup, seed)
-    return {n: latency[1, n] for n in rows}
-
-
-def time_batched(model, shapes: list[tuple[int, int]], context: int = 128, iters: int = 10, warmup: int = 2,
-                 seed: int = 0) -> dict[tuple[int, int], float]:
-    """Median seconds of one forward of a batch of b sequences of n new rows each, after a cached `context`-token
-    prompt per sequence, per (b, n) in `shapes` (interleaved within each round, as `time_rows`)."""
-    decoder = getattr(model, "_hf_packed_ss_twin", model)  # a released model decodes through its twin
-    device, cache_kw = decoder.device, cache_keyword(decoder)
-    g = torch.Generator().manual_seed(seed)
-    vocab = decoder.config.vocab_size
-    caches, calls = {}, {}
-    with torch.no_grad():
-        for b in sorted({b for b, _ in shapes}):
-            caches[b] = DynamicCache()
-            decoder(input_ids=torch.randint(vocab, (b, context), generator=g).to(device), use_cache=True,
-                    **{cache_kw: caches[b]})
-    for b, n in shapes:  # inputs built once: only the forward is timed
-        ids = torch.randint(vocab, (b, n), generator=g).to(device)
-        positions = torch.arange(context, context + n, device=device)[None].expand(b, -1)
-        new = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        mask = torch.cat([torch.ones(n, context, dtype=torch.bool, device=device), new], dim=1)
-        calls[b, n] = dict(input_ids=ids, position_ids=positions, attention_mask=mask[None, None].expand(b, 1, -1, -1),
-                           use_cache=True)
-    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
-    with torch.no_grad():
-        for round_ in range(warmup + iters):
-            for b, n in shapes[round_ % len(shapes):] + shapes[:round_ % len(shapes)]:
-                sync(device)
-                tic = time.perf_counter()
-                decoder(**calls[b, n], **{cache_kw: caches[b]})
-                sync(device)
-                if round_ >= warmup:
-                    times[b, n].append(time.perf_counter() - tic)
-                caches[b].crop(-n)  # back to the prompt (5.24 takes the rows to remove)
-    return {shape: stats.median(t) for shape, t in times.items()}
-
-
-def bare_call(model, rows: int, capacity: int, compile_kwargs: dict | None, context: int = 128, seed: int = 0):
-    """A bare forward of `rows` new rows, as a no-argument callable: the model alone over transformers'
-    `StaticCache` of `capacity` slots holding a `context`-token prompt, a plain causal 4D mask built once, the
-    cache moved back after each call; compiled with `compile_kwargs` (None: eager). The floor a packed call of as
-    many rows is held to."""
-    from transformers import StaticCache
-
-    decoder = getattr(model, "_hf_packed_ss_twin", model)
-    device, cache_kw = decoder.device, cache_keyword(decoder)
-    g = torch.Generator().manual_seed(seed)
-    vocab = decoder.config.vocab_size
-    cache = StaticCache(config=decoder.config, max_cache_len=capacity)
-    columns = torch.arange(capacity, device=device)
-
-    def causal(start: int, n: int) -> torch.Tensor:
-        return (columns[None] <= torch.arange(start, start + n, device=device)[:, None])[None, None]
-
-    def forward(input_ids, position_ids, attention_mask):
-        return decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
-                       **{cache_kw: cache}).logits
-
-    graph = forward if compile_kwargs is None else torch.compile(forward, **compile_kwargs)
-    with torch.inference_mode():
-        prompt = torch.randint(vocab, (1, context), generator=g).to(device)
-        forward(prompt, torch.arange(context, device=device)[None], causal(0, context))
-    inputs = (torch.randint(vocab, (1, rows), generator=g).to(device),
-              torch.arange(context, context + rows, device=device)[None], causal(context, rows))
-
-    def call() -> None:
-        with torch.inference_mode():
-            graph(*inputs)
-            cache.crop(-rows)  # back to the prompt: the static layers move their position back
-            sync(device)
-
-    return call
-
-
-def packed_call(model, width: int, capacity: int, compile_kwargs: dict | None, prompt: torch.Tensor,
-                new_tokens: int = 64, mode: str = "packed_ss"):
-    """A real steady call of schedule `mode` (Packed-SS by default) at `width`, as a no-argument callable, with its
-    rows, cached context and cache slots: a greedy decode of `prompt` runs through the very `StaticForward` and
-    slot cache `generate` uses (static shapes: padding, in-graph mask, slot bookkeeping and a proposal-only
-    adapter included; compiled with `compile_kwargs`, None: eager), and a call from mid-decode is replayed at
-    its own cache length."""
-    from ...engine import Greedy, decode
-    from ...engine.static import steady_rows
-    from ...front.families import family
-    from ...front.forward import static_forward
-    from ...models.lora import proposal_only_adapters
-
-    decoder = getattr(model, "_hf_packed_ss_twin", model)
-    fam, config = family(decoder.config), decoder.config
-    schedule = fam.schedules[mode](width, Greedy())
-    layout = fam.layout(config.mask_token_id, static_shapes=True)
-    rows = steady_rows(schedule, layout)
-    forward, cache = static_forward(decoder, rows, capacity, compile_kwargs)
-    calls = []
-    with torch.inference_mode(), proposal_only_adapters(decoder):
-        decode(forward, schedule, layout, prompt, new_tokens, cache=cache,
-               trace=lambda step: calls.append((step.call, cache.length - step.call.rows)))
-    steady = [(c, at) for c, at in calls[1:] if c.rows == rows] or calls[1:]
-    call, context = steady[len(steady) // 2]  # mid-decode
-
-    def replay() -> None:
-        with torch.inference_mode(), proposal_only_adapters(decoder):
-            cache.length = context
-            forward(call, cache)
-            sync(decoder.device)
-
-    return replay, rows, context, cache.capacity
-
-
-def time_interleaved(calls: dict, iters: int = 200, warmup: int = 3) -> dict:
-    """Median seconds of each no-argument callable in `calls`, run in rotating order every round (device-
-    synchronised by the caller's callables), so drift of the machine hits all alike."""
-    names = list(calls)
-    times: dict = {name: [] for name in names}
-    for round_ in range(warmup + iters):
-        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
-            tic = time.perf_counter()
-            calls[name]()
-            if round_ >= warmup:
-                times[name].append(time.perf_counter() - tic)
-    return {name: stats.median(t) for name, t in times.items()}
-
-
-def fit(latency: dict[int, float]) -> tuple[float, float, float]:
-    """Least squares latency = tau + delta * n; returns (tau, delta, R^2)."""
-    n = np.array(list(latency), dtype=float)
-    y = np.array(list(latency.values()))
-    delta, tau = np.polyfit(n, y, 1) if len(n) > 1 else (0.0, float(y[0]))
-    residual = y - (tau + delta * n)
-    total = ((y - y.mean()) ** 2).sum()
-    return float(tau), float(delta), float(1 - (residual**2).sum() / total) if total > 0 else 1.0
-
-
-# A model-free stand-in for the model when the probe drives a schedule through its real layout: vocabulary 3,
-# MASK = 2; verifier rows predict token 1 and proposal rows token 0, so every draft token is rejected.
-_VOCAB, _MASK = 3, 2
-
-
-def _rejecting_logits(call) -> torch.Tensor:
-    """Logits for a built call's kept rows: proposals argmax 0, verifier rows argmax 1 (first draft token rejected)."""
-    logits = torch.zeros(call.logit_rows.numel(), _VOCAB)
-    logits[:, 0] = 1.0
-    if call.verifier_rows is not None:
-        logits[call.verifier_rows] = torch.tensor([0.0, 1.0, 0.0])
-    return logits
-
-
-def layout_default_static_shapes(any_order: bool = False) -> bool:
-    """The layout's own default for `static_shapes` (what `generate` decodes with), read from its signature."""
-    from ...engine.layouts import SamePositionLayout, ShiftedBlockLayout
-
-    layout = SamePositionLayout if any_order else ShiftedBlockLayout
-    return inspect.signature(layout).parameters["static_shapes"].default
-
-
-@lru_cache(maxsize=1024)
-def _steady_rows(schedule: str, width: int, any_order: bool, static_shapes: bool, options: tuple) -> tuple[int, ...]:
-    from ...engine import WINDOW_SCHEDULES, SamePositionLayout, ShiftedBlockLayout, decode
-
-    table = WINDOW_SCHEDULES if any_order else SCHEDULES
-    steady = sorted(m for m, s in table.items() if s.exact)  # the native decoder commits by threshold: no steady state
-    if schedule not in steady:
-        raise ValueError(f"rows_per_iteration: no steady state for {schedule!r}; choose one of {steady}.")
-    layout = (SamePositionLayout if any_order else ShiftedBlockLayout)(_MASK, static_shapes=static_shapes)
-    iterations: list[list[int]] = [[]]
-
-    def record(step) -> None:  # an iteration ends with its verification
-        iterations[-1].append(step.call.rows)
-        if step.plan.verify:
-            iterations.append([])
-
-    # every draft is rejected, so each iteration resolves one position: stop after four, with full windows
-    decode(lambda call, cache: _rejecting_logits(call), table[schedule](width, **dict(options)), layout,
-           torch.zeros(2, dtype=torch.long), 2 * width + 8, stop=lambda ids: ids.numel() >= 6, trace=record)
-    return tuple(iterations[2])
-
-
-def rows_per_iteration(schedule: str, width: int, any_order: bool = False, static_shapes: bool = True,
-                       **options) -> list[int]:
-    """Rows of each call of one steady-state iteration, read from the engine: the schedule
-    (`schedules.SCHEDULES`, or `WINDOW_SCHEDULES` when `any_order`) is driven through its own plans and the real
-    layout (`ShiftedBlockLayout` / `SamePositionLayout`) through the decoding loop on a two-token prompt, with no
-    model: every draft is rejected at its
-    first token (h = 0, what a random drafter gives nearly always), and the rows of the third iteration are
-    returned, by which time every schedule repeats itself. That is the largest steady-state call of every
-    schedule: each accepted draft token only shortens the next draft; SetDLM windows have one pending token (the
-    correction) and LTR order. `options` go to the schedule (e.g. ``speculative_branches=k`` for hybrid_ss).
-
-    ``static_shapes=True`` (the default) gives appendix D.3's shapes. Nemotron (B = W + 1): AR 1; Linear-SS B + B;
-    Packed-SS 2B; Quadratic-SS B(B + 1). SetDLM (window u = W): AR 2; Linear-SS (1 + u) + 2u; Packed-SS 1 + 3u;
-    Quadratic-SS 1 + 2u + u^2. ``static_shapes=False`` (the layouts' default, what `generate` runs) drops rows no
-    acceptance can use: Packed-SS 2B - 1 and 3u - 1 (the draft left after a rejection is W - 1 long),
-    Quadratic-SS 2u + u(u - 1)/2 on SetDLM, hybrid_ss in between; AR and Linear-SS are unchanged."""
-    return list(_steady_rows(schedule, width, any_order, bool(static_shapes), tuple(sorted(options.items()))))
 
 
 def expected_tokens(schedule: str, width: int, alpha: float) -> float:
@@ -328,9 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ...generation import family
-    from ..cli import load_model
-    from .command import resolve
+    from ...front.families import family
+    from ..loading import load_model, resolve
 
     args = build_parser().parse_args(argv)
     results = json.loads(Path(args.results).read_text()) if args.results else None
@@ -391,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_cost_model(model, tokenizer, name: str, path: Path) -> int:
-    from .command import encode
+    from ..loading import encode
     from .suites import load_suite
 
     ids = encode(tokenizer, load_suite("sample", limit=1)[0], None).to(model.device)
@@ -405,7 +196,7 @@ def write_cost_model(model, tokenizer, name: str, path: Path) -> int:
 
 
 def curve_main(args, model_name: str, device: torch.device) -> int:
-    from ..cli import QUESTION, load_model
+    from ..loading import QUESTION, load_model
     from . import curve
     from .suites import question_ids
 

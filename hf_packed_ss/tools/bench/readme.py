@@ -1,6 +1,6 @@
 """Regenerate the results blocks of the docs pages from bench `results.json` files, so no figure is typed by hand.
 
-    python -m hf_packed_ss.bench.readme bench-nemotron/results.json bench-setdlm/results.json
+    python -m hf_packed_ss.tools.bench.readme bench-nemotron/results.json bench-setdlm/results.json
 
 replaces everything between the two marker comments with, per results file, the command that produced it,
 the machine, and the paired-ratio (for `bench --compile`: compiled vs eager) and absolute tables of its report (a
@@ -105,7 +105,8 @@ def update(readme: Path, files: list[Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hf_packed_ss.bench.readme", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hf_packed_ss.tools.bench.readme",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
                         help=f"the markdown file to rewrite (default: {RESULTS_PAGE}; with --auto: {AUTO_PAGE})")

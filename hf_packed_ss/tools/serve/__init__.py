@@ -102,8 +102,7 @@ def prepare(args: argparse.Namespace):
     """The model, its tokenizer and the name clients use, with the server's defaults in its generation config."""
     from transformers import CompileConfig
 
-    from ..bench.command import resolve
-    from ..cli import load_model
+    from ..loading import load_model, resolve
 
     device, dtype = resolve(args.device, args.dtype)
     model, tokenizer = load_model(args.model, dtype)

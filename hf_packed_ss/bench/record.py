@@ -1,8 +1,0 @@
-"""Old import path of `hf_packed_ss.tools.bench.record`, bound to that module itself: patching an attribute through
-either name patches the code that reads it."""
-
-import sys
-
-from ..tools.bench import record
-
-sys.modules[__name__] = record

@@ -1,5 +1,0 @@
-"""Old import path (now `hf_packed_ss.front.candidates`)."""
-
-from .front.candidates import PackedSSCandidateGenerator
-
-__all__ = ["PackedSSCandidateGenerator"]

@@ -1,5 +1,0 @@
-"""Old import path (now `hf_packed_ss.engine.stats`)."""
-
-from .engine.stats import DecodingStats
-
-__all__ = ["DecodingStats"]
