@@ -25,7 +25,16 @@ from hf_packed_ss.tools.paths import gsm8k_split
 DEV_TRAIN = 2000  # GSM8K train questions from here on (after the worked examples) are dev: no run trains on them
 
 
-def dev_prompts(tokenizer, gsm8k: int, code: int) -> dict[str, list[torch.Tensor]]:
+def prompt_sets(tokenizer, gsm8k: int, code: int, held_out: bool) -> dict[str, list[torch.Tensor]]:
+    """Dev sets; with `held_out` the held-out ones instead (report only, never choose on them): GSM8K test
+    1299-1318 (`quality.HELD_OUT`), the held-out split of the code prompts, and the first HumanEval problems."""
+    if held_out:
+        from hf_packed_ss.tools.bench.suites import load_suite
+        from hf_packed_ss.tools.quality import held_out_questions
+
+        return {"gsm8k_held_out": [question_ids(tokenizer, q) for q in held_out_questions(gsm8k)],
+                "code_held_out": [chat_ids(tokenizer, p) for p in code_prompts("held_out", code)],
+                "humaneval": [chat_ids(tokenizer, p.text) for p in load_suite("humaneval", limit=code)]}
     questions = train_questions(gsm8k_split("train"), DEV_TRAIN + gsm8k)[DEV_TRAIN:]
     return {"gsm8k": [question_ids(tokenizer, q) for q in questions],
             "code": [chat_ids(tokenizer, p) for p in code_prompts("dev", code)]}
@@ -40,11 +49,12 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--held-out", action="store_true", help="the held-out sets instead of dev (report only)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for folder in args.folders:
         model, tokenizer = smollm2.load(folder, getattr(torch, args.dtype))
-        sets = dev_prompts(tokenizer, args.gsm8k, args.code)
+        sets = prompt_sets(tokenizer, args.gsm8k, args.code, args.held_out)
         for width in args.widths:
             for name, prompts in sets.items():
                 tic, tokens, nfe = time.perf_counter(), 0, 0
