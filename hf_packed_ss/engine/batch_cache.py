@@ -130,9 +130,11 @@ def stack_rows(batch: BatchCache, cache: DynamicCache, valid: torch.Tensor) -> N
     both caches are left-padded to the longer one with columns no row sees, so each row's order is kept. A static
     batch cache (a `SlotCache`, whose shapes a compiled graph holds) takes them into its free rows in place."""
     rows = batch.valid.shape[0]
-    if hasattr(batch.cache, "append_rows"):
-        batch.cache.append_rows(cache, rows)
+    static = hasattr(batch.cache, "append_rows")
+    if static:
+        batch.cache.append_rows(cache, rows)  # in place; with no row left it starts over at slot 0
         size = batch.cache.length
+        batch.valid = batch.valid if rows else batch.valid[:, :0]
     elif not rows:  # nobody left in the batch: the new rows' cache is the batch's
         batch.cache, batch.valid = cache, valid
         return
@@ -143,12 +145,10 @@ def stack_rows(batch: BatchCache, cache: DynamicCache, valid: torch.Tensor) -> N
         pad = [0, 0] * (t.dim() - 1 - dim) + [size - t.shape[dim], 0]
         return torch.nn.functional.pad(t, pad)
 
-    if hasattr(batch.cache, "append_rows"):
-        batch.valid = torch.cat([left(batch.valid[:, : size if rows else 0], 1), left(valid, 1)])
-        return
-    for mine, theirs in zip(batch.cache.layers, cache.layers, strict=True):
-        mine.keys = torch.cat([left(mine.keys, 2), left(theirs.keys, 2)])
-        mine.values = torch.cat([left(mine.values, 2), left(theirs.values, 2)])
+    if not static:
+        for mine, theirs in zip(batch.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([left(mine.keys, 2), left(theirs.keys, 2)])
+            mine.values = torch.cat([left(mine.values, 2), left(theirs.values, 2)])
     batch.valid = torch.cat([left(batch.valid, 1), left(valid, 1)])
 
 

@@ -33,6 +33,7 @@ from .contract import PackedCall
 from .layouts.shifted_block import ShiftedBlockLayout, _template
 from .loop import _sync, cancelled, new_stats, timed
 from .schedules import ARSchedule, PackedSSSchedule
+from .static import slots_needed
 from .stats import DecodingStats
 
 
@@ -121,7 +122,7 @@ def decode_lockstep(forward: BatchForward, schedules: Sequence, prompts: Sequenc
         waiting.extend(arrivals)
         capacity, size = getattr(batch.cache, "capacity", None), getattr(batch.cache, "batch_rows", None)
         for a in arrivals:
-            if capacity is not None and a.prompt.numel() + a.max_new_tokens + slack + 2 * q > capacity:
+            if capacity is not None and slots_needed(a.prompt.numel(), a.max_new_tokens, slack, q) > capacity:
                 raise ValueError(f"A row of {a.prompt.numel()} prompt tokens and max_new_tokens={a.max_new_tokens} "
                                  f"needs more than the static cache's {capacity} slots: raise max_cache_len "
                                  "(generate(..., max_cache_len=N)).")

@@ -145,6 +145,13 @@ class SlotCache(Cache):
         self.length = size
 
 
+def slots_needed(prompt: int, max_new_tokens: int, slack: int, rows: int) -> int:
+    """The slots a row of a `prompt`-token prompt and `max_new_tokens` needs in a `SlotCache` whose calls have `rows`
+    rows: its whole output, the holes a batch leaves before compacting (`slack`), and a call's rows written past
+    them (twice, for a call larger than the steady one)."""
+    return prompt + max_new_tokens + slack + 2 * rows
+
+
 def slot_mask(template: torch.Tensor, position: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """The ``(Q, capacity)`` mask of a call written at slot `position`: every row sees the slots below it (the
     cache) and, at the call's own slots, the ``(Q, Q)`` new-rows `template`; slots past them are unused. Built

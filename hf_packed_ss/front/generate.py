@@ -17,7 +17,7 @@ from transformers.utils import ModelOutput
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
 from ..engine.batch_cache import Arrival
 from ..engine.lockstep import eligible as lockstep_eligible
-from ..engine.static import steady_rows
+from ..engine.static import slots_needed, steady_rows
 from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
 from .families import family
@@ -233,7 +233,7 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
     options = compile_options(config, decoder.device)
     if (len(prompts) > 1 or admit is not None) and lockstep_eligible(schedules, layouts, processors, stop):
         slack = 8 * (schedules[0].width + 1)  # decode_batch's default: holes before a compaction
-        capacity = max(config.max_cache_len or 0, longest + max_new + slack + 2 * rows)
+        capacity = max(config.max_cache_len or 0, slots_needed(longest, max_new, slack, rows))
         forward, cache = static_batch_forward(decoder, max(len(prompts), max_batch_size or 0), rows, capacity, options)
         compiled = forward.compile_time_s
         outputs, stats = decode_batch(forward, schedules, layouts, prompts, max_new, eos, processors, stop,
@@ -246,7 +246,7 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
     outputs, per_row = [], []
     while queue:
         row = queue.pop(0)
-        capacity = max(config.max_cache_len or 0, row.prompt.numel() + row.max_new_tokens + 2 * rows)
+        capacity = max(config.max_cache_len or 0, slots_needed(row.prompt.numel(), row.max_new_tokens, 0, rows))
         forward, cache = static_forward(decoder, rows, capacity, options)  # the kept one when it fits
         compiled = forward.compile_time_s
         sequence, stats = decode(forward, row.schedule, row.layout, row.prompt, row.max_new_tokens, eos, processors,
