@@ -46,6 +46,11 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the package's modules it imports, read statically from every import statement (those inside
     functions too): relative imports resolved, and ``from pkg import name`` an import of the submodule
@@ -70,6 +75,9 @@ def import_graph() -> dict[str, set[str]]:
                 edges |= subs
                 if len(subs) < len(node.names):
                     edges.add(base)
+        # importing a submodule first runs its packages' ``__init__``s (those above the importer already run)
+        edges |= {parent for edge in edges for parent in _parents(edge)
+                  if parent in modules and parent not in _parents(name) and parent != package}
         graph[name] = edges - {name}
     return graph
 
@@ -126,6 +134,7 @@ def test_the_import_graph_sees_every_kind_of_import():
     assert "hf_packed_ss.engine.lockstep" in graph["hf_packed_ss.engine.batch"]  # from . import lockstep
     assert "hf_packed_ss.tools.loading" in graph["hf_packed_ss.tools.bench.probe"]  # from ..loading, in a function
     assert "hf_packed_ss.models.smollm2" in graph["hf_packed_ss.bundled"]  # from ..models import smollm2
+    assert "hf_packed_ss.tools.bench" in graph["hf_packed_ss.tools.loading"]  # runs bench/__init__.py first
     cycle = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert import_cycles(cycle) == [["a", "b", "c", "a"]]
 
