@@ -271,7 +271,7 @@ def run_command(args: argparse.Namespace) -> int:
 # Subcommands with their own parser: name -> (module, help).
 DELEGATES = {
     "train": ("train", "train a model of either format, or the SmolLM2 drafter"),
-    "bench": ("bench", "benchmark the schedules and peer baselines"),
+    "bench": ("bench.command", "benchmark the schedules and peer baselines"),
     "probe": ("bench.probe", "fit the tau + delta * n call cost and predict the fastest schedule"),
     "overhead": ("bench.overhead", "the decoder's own time per call against the context length"),
     "publish": ("publish", "assemble (and upload) the Hub folder of a bundled checkpoint"),
