@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pytest
@@ -22,8 +23,8 @@ from test_sampling import OPTIONS, _processors, exact_distribution, p_value, sam
 
 from hf_packed_ss.engine import RejectionSampler, ShiftedBlockLayout
 from hf_packed_ss.engine.cost import DRAFT, VERIFY, CallCost
-from hf_packed_ss.engine.schedules import AutoSchedule, PackedSSSchedule
-from hf_packed_ss.engine.width import PROBE_FIRST, AcceptanceProfile, Measured, WidthChooser, call_rows, draft_chain
+from hf_packed_ss.engine.schedules import AutoSchedule, PackedSSSchedule, call_rows
+from hf_packed_ss.engine.width import PROBE_FIRST, AcceptanceProfile, Measured, WidthChooser, draft_chain
 from hf_packed_ss.front.measured import forget, measured_for
 
 LENGTH = 320
@@ -271,7 +272,7 @@ def test_the_acceptance_profile_counts_each_offset_given_the_ones_before():
 def test_the_chooser_follows_cost_and_acceptance():
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     assert chooser.queue == []  # nothing to measure
     for _ in range(30):
         measured.profile.observe(1, 8, 8)  # every draft token survives
@@ -290,7 +291,7 @@ def test_a_drafting_call_is_never_predicted_cheaper_than_an_ar_call():
     """Noise can make the measured drafting calls look cheaper than AR ones; the work they do cannot be."""
     measured = Measured(cost=frozen(ar=1.0, draft=0.5))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     for _ in range(100):
         for first in range(1, 8):
             measured.profile.observe(first, 8 - first, 0)  # no draft token survives
@@ -304,7 +305,7 @@ def test_after_a_draft_check_the_arm_it_interrupted_holds():
     switching margin of AR, yet each check ends back on AR (the check's width is no incumbent)."""
     measured = Measured(cost=frozen(ar=1.0, draft=0.98))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     for _ in range(100):
         for first in range(1, 8):
             measured.profile.observe(first, 8 - first, 0)
@@ -321,7 +322,7 @@ def test_the_chain_is_calibrated_by_what_the_calls_appended():
 
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     expected = np.linspace(1.2, 2.6, len(chooser.drafting))  # the chain's tokens per call at W = 2..8
     measured.chain.update(zip(chooser.drafting, expected.tolist(), strict=True))
     for _ in range(CALIBRATE_CALLS - 5):
@@ -347,7 +348,7 @@ def test_calls_are_calibrated_against_the_chain_of_their_time():
     records the chain it computes for the calls that follow."""
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     for chain, appended in ((2.0, 1.8), (1.2, 1.08)):
         measured.chain[4] = chain
         for _ in range(100):
@@ -379,7 +380,7 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     measured = Measured(cost=cost, sweep_every=10**9)  # no sweeps (they re-time the spread's widths too)
     measured.profile.tried, measured.profile.accepted = [0.0] + [100.0] * 15, [0.0] + [90.0] * 15
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     chooser.queue, chooser.arm = [], 4
     clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
     monkeypatch.setattr(width, "time", clock)
@@ -410,7 +411,7 @@ def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps)
     monkeypatch.setattr(width, "SWEEP_FIRST", 200 if sweeps else 10**9)
     monkeypatch.setattr(width, "SWEEP_EVERY", 200 if sweeps else 10**9)
     chooser = WidthChooser(tuple(range(1, 9)), True, Measured())
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     cost = chooser.measured.cost
     cost.points[VERIFY] = {1: [3.0, 9.0]}
     cost.points[DRAFT] = {r: [true_cost(r) * (3 if r in (3, 10, 11, 12, 13, 14, 15, 16, 17) else 1), 9.0]
@@ -437,7 +438,7 @@ def test_a_call_right_after_a_switch_is_not_timed(monkeypatch):
 
     measured = Measured()
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
     monkeypatch.setattr(width, "time", clock)
     chooser.queue = [4] * 4 + [6] * 4 + [4, 6] * 8  # then every call is a switch
@@ -456,19 +457,19 @@ def test_a_decision_weighs_the_arms_near_the_incumbent_and_a_decode_starts_where
     for first in range(1, 8):
         measured.profile.observe(first, 8 - first, 8 - first)
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     assert chooser.around(None) == chooser.arms == (0, 2, 3, 4, 5, 6, 7, 8)
     assert chooser.around(5) == (0, 3, 4, 5, 6, 7) and chooser.around(0) == (0, 2, 3)
     chooser.queue, chooser.arm, chooser.fresh = [], 2, False
     arms = [chooser.choose(1) for _ in range(90)]
     assert arms[0] == 2 and arms[-1] == 8 and sorted(set(arms)) == [2, 4, 6, 8]  # climbs two widths a decision
-    chooser.start(ShiftedBlockLayout(0))  # the next decode: no decision before its first call
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))  # the next decode: no decision before its first call
     assert chooser.choose(None) == 8 and measured.centre == 8
 
 
 def test_a_cold_chooser_measures_a_spread_of_widths_first():
     chooser = WidthChooser(tuple(range(1, 16)), True, Measured())
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     assert chooser.queue == [15] * 5 + [8] * 5 + [1] * 5 + [0] * 4
 
 
@@ -494,7 +495,7 @@ def test_generate_auto_equals_ar_learns_for_the_process_and_batches_row_by_row(m
     measured = measured_for(model)
     assert measured.cost.points[DRAFT] and measured.cost.points[VERIFY]  # measured once for the process
     chooser = WidthChooser(tuple(range(1, model.config.block_size)), True, measured)
-    chooser.start(ShiftedBlockLayout(0))
+    chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     assert chooser.queue == []  # the next decode measures nothing again
     batch = model.generate(torch.cat(prompts), assistant_mode="auto", max_new_tokens=40)
     assert batch.tolist() == torch.cat(ar).tolist()

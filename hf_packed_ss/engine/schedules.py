@@ -10,13 +10,14 @@ hands them a contiguous left-to-right window, the same-position layout (D.2) any
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
 from .acceptance import Acceptance, Greedy, ProposalDistribution, probabilities
 from .contract import EMPTY, CallResult, Plan, Proposal, Verdict
 from .order import ORDERS
+from .rows import MASK, engine_layout, model_free_calls
 from .width import Measured, WidthChooser
 
 HYBRID = "hybrid_ss"
@@ -297,6 +298,26 @@ class LinearSSSchedule(Schedule):
         return verdict
 
 
+@lru_cache(maxsize=256)
+def _call_rows(layout_class, static_shapes: bool, width: int) -> tuple[int, tuple[int, ...]]:
+    layout = layout_class(MASK, static_shapes)
+    ar = model_free_calls(ARSchedule(1), layout, False, 4)[1].rows
+    # accepting 0, 0, then k and 0 in turn for k = 0..W-1: the call after a rejection finds W - 1 draft tokens
+    # and accepts k, so the call after it finds W - 1 - k: every draft length n = 0..W-1 is met
+    accept = [0, 0, *(h for k in range(width) for h in (k, 0))]
+    calls = model_free_calls(PackedSSSchedule(width), layout, accept, width * (width + 3) // 2 + 3 * width + 8)
+    found = {c.drafted: c.rows for c in calls[2 : len(accept)]}
+    assert sorted(found) == list(range(width)), f"a probe of Packed-SS at W = {width} met the drafts {sorted(found)}"
+    return ar, tuple(found[n] for n in range(width))
+
+
+def call_rows(layout, width: int) -> tuple[int, tuple[int, ...]]:
+    """(rows of an AR call, rows of a Packed-SS call at `width` that finds a draft of n tokens, for n = 0..W-1)
+    on `layout`'s engine class and shape policy, read off the engine by the model-free probe (`rows.model_free_calls`).
+    Kept per layout class, shape policy and width."""
+    return _call_rows(engine_layout(layout), bool(layout.static_shapes), width)
+
+
 class AutoSchedule(PackedSSSchedule):
     """`assistant_mode="auto"` (and `speculative_width="auto"`): before every call a `WidthChooser` picks AR or
     Packed-SS at one of `widths` by predicted throughput; every arm is exact, so the output is AR's whatever it
@@ -316,7 +337,7 @@ class AutoSchedule(PackedSSSchedule):
 
     def begin(self, layout, length: int, device: torch.device) -> None:
         super().begin(layout, length, device)
-        self.chooser.start(layout)
+        self.chooser.start(partial(call_rows, layout))
 
     def choose(self, stats) -> None:
         self.arm = self.chooser.choose(stats.rows_per_call[-1] if stats.rows_per_call else None)

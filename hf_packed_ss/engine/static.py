@@ -11,13 +11,11 @@ cache is built per call; acceptance stays outside the graph.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from .acceptance import Greedy
 from .contract import PackedCall
+from .rows import model_free_calls
 
 
 class SlotLayer(StaticLayer):
@@ -189,43 +187,15 @@ def cache_mask(call: PackedCall, capacity: int) -> torch.Tensor:
 def steady_rows(schedule, layout) -> int:
     """The largest call after the prompt's that `schedule` makes on `layout`: the rows every compiled call is
     padded to. Read from the engine itself, with no model: copies of the schedule are driven through the real
-    loop by logits that reject every draft token and by logits that accept them all (`model_free_calls`); the
+    loop by logits that reject every draft token and by logits that accept them all (`rows.model_free_calls`); the
     native decoder's largest call (every position committed) comes from the second."""
     key = (type(schedule), schedule.width, schedule.speculative_branches, schedule.scores_order,
            schedule.context_length, type(layout), layout.static_shapes)  # what the call shapes depend on
     if key not in _STEADY_ROWS:  # once per shape: the drive costs a few milliseconds, a generate call's set-up
         width = max(schedule.width, 1)
-        _STEADY_ROWS[key] = max(max(rows for rows, _ in model_free_calls(schedule, layout, accept, 4 * width + 8)[1:])
-                                for accept in (False, True))
+        _STEADY_ROWS[key] = max(call.rows for accept in (False, True)
+                                for call in model_free_calls(schedule, layout, accept, 4 * width + 8)[1:])
     return _STEADY_ROWS[key]
 
 
 _STEADY_ROWS: dict[tuple, int] = {}
-
-
-# A model-free stand-in for the model when a schedule is driven through its real layout: vocabulary 3, MASK = 2.
-# Proposal rows predict token 0 confidently; verifier rows predict 1 (every draft token rejected) or 0 (accepted).
-_VOCAB, _MASK = 3, 2
-
-
-def _model_free_logits(call: PackedCall, accept: bool) -> torch.Tensor:
-    logits = torch.zeros(call.logit_rows.numel(), _VOCAB)
-    logits[:, 0] = 20.0
-    if call.verifier_rows is not None:
-        logits[call.verifier_rows] = torch.tensor([20.0, 0.0, 0.0] if accept else [0.0, 20.0, 0.0])
-    return logits
-
-
-def model_free_calls(schedule, layout, accept: bool, new_tokens: int) -> list[tuple[int, bool]]:
-    """(rows, verifies) of every call of a decode of `new_tokens` tokens after a two-token prompt, driven by
-    model-free logits under which every draft token is rejected (`accept` False: h = 0, what a random drafter gives
-    nearly always) or accepted. `schedule` and `layout` are copied (greedy, vocabulary 3), never run."""
-    from .loop import decode
-
-    probe = copy.copy(schedule)
-    probe.acceptance = Greedy()
-    calls: list[tuple[int, bool]] = []
-    decode(lambda call, cache: _model_free_logits(call, accept), probe, type(layout)(_MASK, layout.static_shapes),
-           torch.zeros(2, dtype=torch.long), new_tokens,
-           trace=lambda step: calls.append((step.call.rows, step.plan.verify)))
-    return calls

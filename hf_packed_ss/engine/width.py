@@ -19,19 +19,15 @@ really appended (`WidthChooser.calibration`). The chooser plays the best arm, me
 
 from __future__ import annotations
 
-import copy
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-import torch
 
-from .contract import Plan, Proposal
 from .cost import DRAFT, VERIFY, CallCost
-from .layouts.mask import MaskBuffer
-from .state import DecoderState
 
 PRIOR = 0.5  # r_1 before anything is seen; a farther offset starts from the estimate of the one before it
 STRENGTH = 1.0  # pseudo-observations of that prior
@@ -153,27 +149,6 @@ class Chains:
         return pi / pi.sum(axis=1, keepdims=True).clip(1e-12, None), tokens
 
 
-_ROWS: dict[tuple, tuple[int, tuple[int, ...]]] = {}
-
-
-def call_rows(layout, width: int) -> tuple[int, tuple[int, ...]]:
-    """(rows of an AR call, rows of a Packed-SS call at `width` finding a draft of n tokens, per n), read off
-    the layout itself: a copy of it (with a mask buffer of its own) builds those calls after a cached prompt
-    with one pending token. Kept per layout class, shape policy and width."""
-    key = (type(layout), bool(layout.static_shapes), width)
-    if key not in _ROWS:
-        builder = copy.copy(layout)
-        builder.masks = MaskBuffer()
-        state = DecoderState(torch.zeros(4, dtype=torch.long), 4 * width + 8, 2 * (width + 1))
-        state.left, state.pending, state.cache_len = 1, range(0, 1), 4
-        window = builder.window(1, state.end, width, {})
-        ar = builder.build(Plan(order=window[:1]), state).rows
-        block = (Proposal(0, anchored=True),)
-        _ROWS[key] = ar, tuple(builder.build(Plan(window, torch.zeros(n, dtype=torch.long), proposals=block),
-                                             state).rows for n in range(width))
-    return _ROWS[key]
-
-
 @dataclass
 class Measured:
     """What `auto` decodes of one model on one machine have learnt, kept for the process: the call cost, the
@@ -225,9 +200,10 @@ class WidthChooser:
         self.held: int | None = None  # the arm a draft check interrupted: the one a switch must beat after it
         self.fresh = True  # no decision made yet in this decode
 
-    def start(self, layout) -> None:
-        """Before a decode's first call."""
-        self.layout = layout
+    def start(self, rows: Callable[[int], tuple[int, tuple[int, ...]]]) -> None:
+        """Before a decode's first call; `rows(W)`: the rows of an AR call and of a Packed-SS call at W by the
+        draft it finds (`schedules.call_rows` on the decode's layout)."""
+        self.call_rows = rows
         self.arm, self.tic, self.since, self.every, self.held = None, None, 0, DECIDE_EVERY, None
         self.previous, self.run = None, 0
         if self.measured.centre in self.arms:  # no decision before the first call (each costs ~0.5 ms in place)
@@ -242,7 +218,7 @@ class WidthChooser:
         self.arms_key = self.drafting, self.draft_rows.tobytes()  # where `Measured.kept` holds these arms' rates
 
     def rows(self, width: int) -> tuple[int, tuple[int, ...]]:
-        return call_rows(self.layout, max(width, 1))
+        return self.call_rows(max(width, 1))
 
     def spread(self) -> list[int]:
         """The widths the cost model is measured at beyond the played ones: widest, middle, narrowest."""
