@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .bench.measure import schedule_mode
+
 PROMPTS = (  # GSM8K test questions (MIT licence) in the format the bundled tiny models were trained on
     "Question: Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
     "for her friends every day with four. How many eggs does she have left?\nAnswer:",
@@ -149,8 +151,7 @@ def decode(net, prompts: list[torch.Tensor], schedules: list[str], max_new_token
     """Greedy new tokens and NFE per schedule and prompt."""
     outputs, nfe = {}, {}
     for schedule in schedules:
-        mode, _, branches = schedule.partition(":")
-        extra = {"speculative_branches": int(branches)} if branches else {}
+        mode, extra = schedule_mode(schedule)
         outputs[schedule], nfe[schedule] = [], []
         for ids in prompts:
             out = net.generate(input_ids=ids, assistant_mode=mode, max_new_tokens=max_new_tokens, do_sample=False,
@@ -165,8 +166,7 @@ def sample(net, prompts: list[torch.Tensor], schedules: list[str], max_new_token
     draws the same numbers, so every rank accepts and samples the same tokens from the same all-reduced logits)."""
     outputs = {}
     for schedule in schedules:
-        mode, _, branches = schedule.partition(":")
-        extra = {"speculative_branches": int(branches)} if branches else {}
+        mode, extra = schedule_mode(schedule)
         outputs[schedule] = []
         for ids in prompts:
             generator = torch.Generator(device=ids.device).manual_seed(seed)
@@ -185,8 +185,7 @@ def batched(net, prompts: list[torch.Tensor], schedules: list[str], max_new_toke
         ids[b, longest - p.shape[1]:], mask[b, longest - p.shape[1]:] = p[0], 1
     outputs = {}
     for schedule in schedules:
-        mode, _, branches = schedule.partition(":")
-        extra = {"speculative_branches": int(branches)} if branches else {}
+        mode, extra = schedule_mode(schedule)
         streamers = [Tokens() for _ in prompts]  # each row's own tokens, without the batch's padding
         net.generate(input_ids=ids, attention_mask=mask, assistant_mode=mode, max_new_tokens=max_new_tokens,
                      do_sample=False, pad_token_id=pad, streamer=streamers, **extra)

@@ -29,8 +29,8 @@ from .measure import (
     REFERENCE,
     STOCK,
     Measurement,
+    ScheduleName,
     Settings,
-    compiled_variant,
     decoder_for,
     near_tie,
     run_interleaved,
@@ -141,7 +141,7 @@ def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, s
     active = m.active
     baseline, note = args.baseline, None
     if baseline == BEST_STOCK and complete:
-        stock = [s for s in active if compiled_variant(s)[0].split(DTYPE_MARK)[0] == STOCK]
+        stock = [s for s in active if ScheduleName.parse(s).mode == STOCK]
         totals = per_prompt_totals(kept, stock, complete)
         baseline = max(stock, key=lambda s: totals[s].tokens.sum() / totals[s].time_s.sum(), default=BEST_STOCK)
         note = f"baseline: the fastest stock variant, {baseline!r}"

@@ -12,14 +12,14 @@ compiled Packed-SS call against a bare compiled forward of the same rows (`probe
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ...engine import Greedy
 from ...engine.schedules import AutoSchedule
 from ...engine.static import steady_rows
 from ...front.families import default_width, family
 from ...front.generate import compile_options
-from .measure import COMPILED, DTYPE_MARK, PEERS, PROMPT_LOOKUP, STOCK, Settings, compiled_variant, schedule_mode
+from .measure import COMPILED, PEERS, PROMPT_LOOKUP, STOCK, ScheduleName, Settings, compiled_variant, schedule_mode
 from .statistics import paired_intervals, per_prompt_totals
 
 PACKED = "packed_ss"
@@ -28,8 +28,11 @@ PACKED = "packed_ss"
 def variants(schedules: list[str]) -> list[str]:
     """Each schedule followed by its compiled variant (auto has none: its calls change rows, which a static
     cache's one compiled shape refuses; nor has stock in another dtype, `--stock-dtypes`, an eager reference)."""
-    return [name for s in schedules
-            for name in ((s,) if s.startswith(AutoSchedule.name) or DTYPE_MARK in s else (s, s + COMPILED))]
+    out = []
+    for name in map(ScheduleName.parse, schedules):
+        alone = name.mode == AutoSchedule.name or name.dtype is not None
+        out += [str(name)] if alone else [str(name), str(replace(name, compiled=True))]
+    return out
 
 
 def cache_lengths(model, schedules: list[str], inputs, settings: Settings) -> tuple[tuple[str, int], ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._dynamo.utils import counters
@@ -25,29 +25,94 @@ from .suites import Prompt
 
 STOCK, PROMPT_LOOKUP = "stock", "prompt_lookup"
 PEERS = (STOCK, PROMPT_LOOKUP)
+# The schedule every tool compares with: the exactness reference (tokens must equal its) and the speed-up's base.
+REFERENCE = ARSchedule.name
+BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
+# the marks of a tool's schedule name, ``MODE[:K][@W][+compile]`` or ``stock/DTYPE`` (`ScheduleName`)
+BRANCH_MARK = ":"  # ``hybrid_ss:3``: speculative_branches=3
+WIDTH_MARK = "@"  # ``packed_ss@4``: the schedule at speculative_width=4, whatever --width says
 COMPILED = "+compile"  # a schedule name's suffix: the same decode with a static cache and compiled calls
+DTYPE_MARK = "/"  # ``stock/float32``: stock generate on the checkpoint loaded in float32 (bench --stock-dtypes)
+
+
+def _count(text: str, what: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{what} {text!r} is not a whole number")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class ScheduleName:
+    """A tool's schedule name, parsed in one place: ``MODE[:K][@W][+compile]`` (an assistant mode or a peer
+    baseline) or ``stock/DTYPE``. `str` writes it back.
+
+    Attributes:
+        mode: the `assistant_mode`, or the peer (`stock`, `prompt_lookup`).
+        branches: K of ``hybrid_ss:K`` (`speculative_branches`), else None.
+        width: W of ``MODE@W`` (`speculative_width`), else None.
+        compiled: the ``+compile`` variant (a static cache and compiled calls).
+        dtype: DTYPE of ``stock/DTYPE`` (stock on the checkpoint loaded in that dtype), else None.
+    """
+
+    mode: str
+    branches: int | None = None
+    width: int | None = None
+    compiled: bool = False
+    dtype: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduleName:
+        """Raises ValueError where K or W is not a whole number (what it is otherwise is `schedule_name`'s check)."""
+        base, compiled = (text.removesuffix(COMPILED), True) if text.endswith(COMPILED) else (text, False)
+        base, mark, width = base.partition(WIDTH_MARK)
+        base, branched, k = base.partition(BRANCH_MARK)
+        mode, _, dtype = base.partition(DTYPE_MARK)
+        return cls(mode, _count(k, "K") if branched else None, _count(width, "W") if mark else None, compiled,
+                   dtype or None)
+
+    def __str__(self) -> str:
+        return (self.mode + (DTYPE_MARK + self.dtype if self.dtype else "")
+                + (f"{BRANCH_MARK}{self.branches}" if self.branches is not None else "")
+                + (f"{WIDTH_MARK}{self.width}" if self.width is not None else "") + (COMPILED if self.compiled else ""))
+
+    @property
+    def eager(self) -> ScheduleName:
+        """The same schedule without ``+compile``."""
+        return replace(self, compiled=False)
+
+    def options(self) -> dict:
+        """The `generate` options the name sets besides `assistant_mode`."""
+        return (({BRANCHES: self.branches} if self.branches is not None else {})
+                | ({"speculative_width": self.width} if self.width is not None else {}))
 
 
 def compiled_variant(name: str) -> tuple[str, bool]:
     """``packed_ss+compile`` -> (``packed_ss``, True); any other name -> (name, False)."""
-    return (name.removesuffix(COMPILED), True) if name.endswith(COMPILED) else (name, False)
-# The schedule every tool compares with: the exactness reference (tokens must equal its) and the speed-up's base.
-REFERENCE = ARSchedule.name
-BRANCHES = "speculative_branches"  # the option ``NAME:K`` sets, for a schedule that takes it (hybrid_ss)
-
-
-DTYPE_MARK = "/"  # ``stock/float32``: stock generate on the checkpoint loaded in float32 (bench --stock-dtypes)
-WIDTH_MARK = "@"  # ``packed_ss@4``: the schedule at speculative_width=4, whatever --width says
+    parsed = ScheduleName.parse(name)
+    return str(parsed.eager), parsed.compiled
 
 
 def schedule_mode(name: str) -> tuple[str, dict]:
     """A tool's schedule name -> (assistant_mode, its extra `generate` options): ``hybrid_ss:K`` is
     ``assistant_mode="hybrid_ss", speculative_branches=K``; ``MODE@W`` is MODE at ``speculative_width=W``; any
     other name is the mode itself."""
-    name, _, width = name.partition(WIDTH_MARK)
-    mode, _, k = name.partition(":")
-    extra = {BRANCHES: int(k)} if k else {}
-    return mode, extra | ({"speculative_width": int(width)} if width else {})
+    parsed = ScheduleName.parse(name)
+    return parsed.mode, parsed.options()
+
+
+def _branched(mode: str) -> bool:
+    """Whether the mode takes K (hybrid_ss)."""
+    return BRANCHES in getattr(WINDOW_SCHEDULES.get(mode), "options", ())
+
+
+def _valid(name: ScheduleName) -> bool:
+    """What `--schedules` takes: a mode, optionally at a width (a drafting one) and with K (hybrid_ss), or a peer."""
+    schedule = WINDOW_SCHEDULES.get(name.mode)
+    if name.compiled or name.dtype is not None or name.mode not in MODES + list(PEERS):
+        return False
+    if name.width is not None and (name.width < 1 or schedule is None or not schedule.speculative):
+        return False
+    return name.branches is None or (_branched(name.mode) and name.branches >= 1)
 
 
 def schedule_name(text: str) -> str:
@@ -55,18 +120,17 @@ def schedule_name(text: str) -> str:
     ``hybrid_ss`` becomes ``hybrid_ss:<default k>``, so every table names the k it measured."""
     import argparse
 
-    base, mark, width = text.partition(WIDTH_MARK)
-    mode, _, k = base.partition(":")
-    branched = mode in WINDOW_SCHEDULES and BRANCHES in WINDOW_SCHEDULES[mode].options  # hybrid_ss
-    drafts = mode in WINDOW_SCHEDULES and WINDOW_SCHEDULES[mode].speculative
-    if not mark or (width.isdigit() and int(width) >= 1 and drafts):
-        if branched and base == mode:
-            return f"{mode}:{DEFAULT_BRANCHES}{mark}{width}"
-        if base in MODES + ([] if mark else list(PEERS)) or (branched and k.isdigit() and int(k) >= 1):
-            return text
-    raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, "
-                                     f"{HYBRID}:K for K proposal branches (speculative_branches=K), or a "
-                                     f"speculative mode at width W as MODE{WIDTH_MARK}W (e.g. packed_ss@4)")
+    try:
+        name = ScheduleName.parse(text)
+    except ValueError:
+        name = None
+    if name is None or not _valid(name):
+        raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: choose from {MODES + list(PEERS)}, "
+                                         f"{HYBRID}:K for K proposal branches (speculative_branches=K), or a "
+                                         f"speculative mode at width W as MODE{WIDTH_MARK}W (e.g. packed_ss@4)")
+    if name.branches is None and _branched(name.mode):
+        name = replace(name, branches=DEFAULT_BRANCHES)
+    return str(name)
 
 
 # decode(schedule, input_ids) -> the Record fields it measured (width, new_tokens, nfe, times, rows, ..., tokens)
@@ -253,14 +317,14 @@ def decoder_for(model, settings: Settings, stock_models: dict | None = None) -> 
     `stock_models[DTYPE]`, the same checkpoint loaded in that dtype."""
 
     def measured(schedule: str, ids: torch.Tensor) -> dict:
-        schedule, compiled = compiled_variant(schedule)
-        if schedule.startswith(STOCK + DTYPE_MARK):
-            return decode_stock(stock_models[schedule.removeprefix(STOCK + DTYPE_MARK)], ids, settings)
-        if schedule == STOCK:
-            return decode_stock(model, ids, settings, compiled=compiled)
-        if schedule == PROMPT_LOOKUP:
-            return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens, compiled=compiled)
-        return decode_ours(model, ids, schedule, settings, compiled)
+        name = ScheduleName.parse(schedule)
+        if name.mode == STOCK and name.dtype is not None:
+            return decode_stock(stock_models[name.dtype], ids, settings)
+        if name.mode == STOCK:
+            return decode_stock(model, ids, settings, compiled=name.compiled)
+        if name.mode == PROMPT_LOOKUP:
+            return decode_stock(model, ids, settings, lookup=settings.prompt_lookup_tokens, compiled=name.compiled)
+        return decode_ours(model, ids, str(name.eager), settings, name.compiled)
 
     def decode(schedule: str, ids: torch.Tensor) -> dict:
         before = _GRAPHS["unique_graphs"]  # dynamo's count: a graph compiled during a timed decode shows here
