@@ -30,6 +30,8 @@ class Oracle:
         truth = torch.tensor(self.continuation + [0])[k.clamp(0, len(self.continuation))]
         return torch.where(right, truth, noise)
 
+    steady_call = None  # its proposals are the oracle's, which no steady template holds: rows run their own loops
+
     def build(self, plan, state):
         call = super().build(plan, state)
         read = call.read

@@ -87,6 +87,26 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return which * chunk + inner.max(dim=-1).indices
 
 
+def greedy_prefix(draft: torch.Tensor, verified: torch.Tensor, kappa: torch.Tensor | None = None) -> torch.Tensor:
+    """Algorithm 1, line 5 under greedy decoding, for a batch of rows: h_b, how many leading tokens of row b's draft
+    the verifier's own tokens reproduce (the draft's first `kappa_b` count; all of them without `kappa`). The one
+    greedy acceptance: `Greedy` asks it for one row, the lockstep batch for all of them, on the device.
+
+    Args:
+        draft (`torch.LongTensor` of shape `(B, K)`): the draft tokens d^(1..K) of each row.
+        verified (`torch.LongTensor` of shape `(B, >= K)`): the verifier's argmax at ranks 0.., row r given P and
+            d^(<r).
+        kappa (`torch.LongTensor` of shape `(B,)`, optional): each row's draft length (the rest is padding).
+    Returns:
+        `torch.LongTensor` of shape `(B,)`: h_b. E.g. draft [[5, 6, 7]], verified [[5, 6, 2, 9]]: [2].
+    """
+    k = draft.shape[1]
+    match = draft == verified[:, :k]
+    if kappa is not None:
+        match &= torch.arange(k, device=draft.device)[None] < kappa[:, None]
+    return match.long().cumprod(dim=1).sum(dim=1)
+
+
 class Greedy:
     """Temperature-0 acceptance: the stored proposal collapses to its draft token (section 3.2)."""
 
@@ -104,12 +124,10 @@ class Greedy:
     def decide(self, draft: torch.Tensor, q: None, logits: torch.Tensor) -> tuple[torch.Tensor, list[int], int]:
         """`verify` with the tokens both on the device and as a host list: one host sync for h and the tokens."""
         verified = greedy_tokens(logits)
-        k = draft.numel()
-        if not k:
+        if not draft.numel():
             return verified[:1], verified[:1].tolist(), 0
-        both = torch.cat([draft, verified]).tolist()  # the one sync; h is a prefix match of k <= W ints
-        guess, tokens = both[:k], both[k:]
-        h = next((i for i in range(k) if guess[i] != tokens[i]), k)
+        both = torch.cat([greedy_prefix(draft[None], verified[None]), verified]).tolist()  # the one sync
+        h, tokens = both[0], both[1:]
         return verified[: h + 1], tokens[: h + 1], h
 
 

@@ -1,5 +1,7 @@
-"""Many sequences, one model call per round: every row runs the one loop (`loop.decoding`) unchanged, and each
-round packs the rows' calls into one batched call over one KV cache.
+"""Many sequences, one model call per round. `decode_batch` chooses, in one place (`tensorised`), between two
+paths that give every row exactly its batch-1 tokens: the lockstep one (`lockstep.py`: every row's state a row of
+a tensor) when every row can take it, else `decode_rows`: every row runs the one loop (`loop.decoding`)
+unchanged, and each round packs the rows' calls into one batched call over one KV cache (`batch_cache.pack`).
 
 Why a row stays exactly its batch-1 self: its call is laid out as at batch size 1, and its columns keep their
 order in the batched call: the rows before its proposal start (the cacheable ones first) from column 0, its
@@ -20,54 +22,25 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from . import lockstep as tensors
-from .batch_cache import Arrival, BatchCache, BatchForward, RowCache
+from .acceptance import Greedy
+from .batch_cache import Arrival, BatchCache, BatchForward, RowCache, pack
 from .contract import PackedCall
 from .loop import _sync, decoding, new_stats, timed
+from .schedules import ARSchedule, PackedSSSchedule
 from .stats import DecodingStats
 
 
-def pack(calls: Sequence[PackedCall], valid: torch.Tensor, pad_token_id: int) -> tuple[PackedCall, list, list]:
-    """One batched call from the rows' calls. Returns it, each row's column map (its call row i sits at column
-    `columns[b][i]`, a host list) and, per row, the indices of its kept logit rows among the batched call's kept
-    rows (None: all of them, in order)."""
-    first = calls[0]
-    n, cached = len(calls), valid.shape[1]
-    if all(c.new_rows_mask is first.new_rows_mask and c.logit_rows is first.logit_rows for c in calls[1:]) and (
-            first.new_rows_mask is not None):  # one call shape (the steady state): concatenate
-        q = first.rows
-        ids = torch.cat([c.input_ids for c in calls])
-        positions = torch.cat([c.position_ids for c in calls])
-        new = first.new_rows_mask.expand(n, q, q)
-        mask = torch.cat([valid[:, None, :].expand(n, q, cached), new], dim=2)[:, None]
-        batched = PackedCall(input_ids=ids, position_ids=positions, attention_mask=mask,
-                             logit_rows=first.logit_rows, verifier_rows=None, proposal_rows=[],
-                             cache_rows_before_draft=0, proposal_start=first.proposal_start)
-        return batched, [range(q)] * n, [None] * n
-    device = valid.device
-    starts = [c.proposal_start for c in calls]
-    head = max(starts)  # the shared proposal start
-    q = head + max(c.rows - s for c, s in zip(calls, starts, strict=True))
-    ids = torch.full((n, q), pad_token_id, dtype=torch.long, device=device)
-    positions = torch.zeros(n, q, dtype=torch.long, device=device)
-    new = torch.eye(q, dtype=torch.bool, device=device).repeat(n, 1, 1)  # a padding row sees itself only
-    columns, kept = [], []
-    for b, (call, s) in enumerate(zip(calls, starts, strict=True)):
-        rows, tail = call.rows, call.rows - s
-        template = call.new_rows_mask if call.new_rows_mask is not None else call.attention_mask[0, 0, :, -rows:]
-        ids[b, :s], ids[b, head : head + tail] = call.input_ids[0, :s], call.input_ids[0, s:]
-        positions[b, :s], positions[b, head : head + tail] = call.position_ids[0, :s], call.position_ids[0, s:]
-        new[b, :s, :s], new[b, :s, head : head + tail] = template[:s, :s], template[:s, s:]
-        new[b, head : head + tail, :s] = template[s:, :s]
-        new[b, head : head + tail, head : head + tail] = template[s:, s:]
-        column = [*range(s), *range(head, head + tail)]
-        columns.append(column)
-        kept.append(torch.tensor(column, device=device)[call.logit_rows])
-    union = torch.unique(torch.cat(kept))  # sorted
-    reads = [torch.searchsorted(union, k) for k in kept]
-    mask = torch.cat([valid[:, None, :].expand(n, q, cached), new], dim=2)[:, None]
-    batched = PackedCall(input_ids=ids, position_ids=positions, attention_mask=mask, logit_rows=union,
-                         verifier_rows=None, proposal_rows=[], cache_rows_before_draft=0, proposal_start=head)
-    return batched, columns, reads
+def tensorised(schedules: Sequence, layouts: Sequence, processors, stop) -> bool:
+    """Whether the batch can decode in lockstep (`lockstep.py`): greedy AR or Packed-SS of one width in
+    left-to-right order, stopped only by EOS and the length limit, on layouts that describe their steady call
+    (`steady_call`: both families' layouts; a test drafter that rewrites its calls sets it to None). The one rule:
+    `decode_batch` and the static-cache front ask it."""
+    first = schedules[0]
+    return (not processors and stop is None and type(first) in (ARSchedule, PackedSSSchedule)
+            and all(type(s) is type(first) and s.width == first.width and type(s.acceptance) is Greedy
+                    and not s.scores_order and s.stop_at_eos and s.context_length is None for s in schedules)
+            and all(type(layout) is type(layouts[0]) and callable(getattr(layout, "steady_call", None))
+                    for layout in layouts))
 
 
 def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, prompts: Sequence[torch.Tensor],
@@ -84,30 +57,38 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
     call it is in; its decoder time ends when it finishes). `slack`: compact the cache once it is that many
     columns longer than the longest row's own cache (default 8 blocks of the widest schedule).
     `trace(batch_cache, call)` sees every call after its commit (tests). `lockstep`: decode every row in the same
-    tensors (`lockstep.py`; by default whenever the batch can: greedy AR or Packed-SS on the plain shifted-block
-    layout, stopped by EOS and the length limit only), else each row in its own loop. `cache`: the batch's KV
-    cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch). `streamers`: one streamer
-    (or None) per row, fed as `decode` feeds its one; a row whose streamer turns `cancelled` leaves the batch
-    after the round, with the tokens it has (a server's client that disconnected frees its row). `admit()` is
-    asked after every round for `Arrival`s that join the running batch (continuous batching: a server's new
-    requests; each decodes as alone, with its own limit; over a `SlotCache` they take its free rows, and wait for
-    one when none is free); their outputs and `per_row`
-    statistics follow the batch's own rows', in the order they joined."""
-    device = prompts[0].device
+    tensors (`lockstep.py`; by default whenever the batch can, `tensorised`: greedy AR or Packed-SS, left to right,
+    stopped by EOS and the length limit only, on either family), else each row in its own loop (`decode_rows`).
+    `cache`: the batch's KV cache (default a fresh DynamicCache; a `SlotCache` for a compiled lockstep batch).
+    `streamers`: one streamer (or None) per row, fed as `decode` feeds its one; a row whose streamer turns
+    `cancelled` leaves the batch after the round, with the tokens it has (a server's client that disconnected
+    frees its row). `admit()` is asked after every round for `Arrival`s that join the running batch (continuous
+    batching: a server's new requests; each decodes as alone, with its own limit; over a `SlotCache` they take its
+    free rows, and wait for one when none is free); their outputs and `per_row` statistics follow the batch's own
+    rows', in the order they joined."""
     slack = 8 * (max(s.width for s in schedules) + 1) if slack is None else slack
-    can = tensors.eligible(schedules, layouts, processors, stop)
+    can = tensorised(schedules, layouts, processors, stop)
     if lockstep and not can:
-        raise ValueError("lockstep=True needs greedy AR or Packed-SS rows of one width on the plain shifted-block "
-                         "layout, stopped by EOS and the length limit only.")
-    if can if lockstep is None else lockstep:
-        return tensors.decode_lockstep(forward, schedules, prompts, max_new_tokens, eos_token_ids, pad_token_id,
-                                       layouts[0].mask_token_id, slack, trace, cache, streamers, admit)
+        raise ValueError("lockstep=True needs greedy AR or Packed-SS rows of one width in left-to-right order, "
+                         "stopped by EOS and the length limit only, on a layout with a steady call.")
     streamers = [None] * len(prompts) if streamers is None else list(streamers)
-    eos = tuple(eos_token_ids)
+    rows = [Arrival(*x) for x in zip(schedules, layouts, prompts, [max_new_tokens] * len(prompts), streamers,
+                                     strict=True)]
+    if can if lockstep is None else lockstep:
+        return tensors.decode_lockstep(forward, rows, eos_token_ids, pad_token_id, slack, trace, cache, admit)
     if cache is not None:
         raise ValueError("Only a lockstep batch decodes over a given cache.")
+    return decode_rows(forward, rows, eos_token_ids, processors, stop, pad_token_id, slack, trace, admit)
+
+
+def decode_rows(forward: BatchForward, arrivals: Sequence[Arrival], eos_token_ids: Iterable[int], processors,
+                stop, pad_token_id: int, slack: int, trace=None, admit=None
+                ) -> tuple[list[torch.Tensor], DecodingStats]:
+    """Every row in its own loop (see the module docstring); the arguments and result are `decode_batch`'s."""
+    device = arrivals[0].prompt.device
+    eos = tuple(eos_token_ids)
     batch = BatchCache(0, slack, device)
-    first = new_stats(schedules[0])
+    first = new_stats(arrivals[0].schedule)
     stats: list[DecodingStats] = []
     total = DecodingStats(schedule=first.schedule, width=first.width, speculative_branches=first.speculative_branches,
                           per_row=stats)
@@ -137,17 +118,14 @@ def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, 
             steps.append(run)
             batch.add(row)
 
-    join([Arrival(*x) for x in zip(schedules, layouts, prompts, [max_new_tokens] * len(prompts), streamers,
-                                   strict=True)])
+    join(arrivals)
     if admit is not None:
         join(admit())
     while active:
         batch.drop()  # what a row cropped before its call (a sliding context) is gone before the call
         call, columns, reads = pack(calls, batch.valid, pad_token_id)
         logits, spent = timed(forward, call, batch.cache)
-        total.nfe += 1
-        total.rows_per_call.append(call.input_ids.numel())
-        total.model_time_s += spent
+        total.count_call(call.input_ids.numel(), spent)
         old, accepted, kept, stay = batch.length, 0, [], []
         for i, b in enumerate(active):
             row, s = batch.rows[i], stats[b]

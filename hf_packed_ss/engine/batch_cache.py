@@ -1,10 +1,11 @@
-"""The cache of a batch: which physical KV-cache columns each row sees (`RowCache`, `BatchCache`), rows joining a
-running batch (`Arrival`, `stack_rows`) and per-row column gathers (`gather_columns`). Shared by the per-row batch
-loop (`batch.decode_batch`) and the lockstep one (`lockstep.decode_lockstep`)."""
+"""The cache of a batch and its packed calls: which physical KV-cache columns each row sees (`RowCache`,
+`BatchCache`), rows joining a running batch (`Arrival`, `stack_rows`), per-row column gathers (`gather_columns`)
+and one batched call from the rows' own calls (`pack`). Shared by the per-row batch loop (`batch.decode_rows`)
+and the lockstep one (`lockstep.decode_lockstep`, whose prompt calls are the rows' own)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -164,3 +165,47 @@ def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
         heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
         where = index[:, None, :, None].expand(-1, heads, -1, dim)
         layer.keys, layer.values = layer.keys.gather(2, where), layer.values.gather(2, where)
+
+
+def pack(calls: Sequence[PackedCall], valid: torch.Tensor, pad_token_id: int) -> tuple[PackedCall, list, list]:
+    """One batched call from the rows' calls. Returns it, each row's column map (its call row i sits at column
+    `columns[b][i]`, a host list) and, per row, the indices of its kept logit rows among the batched call's kept
+    rows (None: all of them, in order)."""
+    first = calls[0]
+    n, cached = len(calls), valid.shape[1]
+    if all(c.new_rows_mask is first.new_rows_mask and c.logit_rows is first.logit_rows for c in calls[1:]) and (
+            first.new_rows_mask is not None):  # one call shape (the steady state): concatenate
+        q = first.rows
+        ids = torch.cat([c.input_ids for c in calls])
+        positions = torch.cat([c.position_ids for c in calls])
+        new = first.new_rows_mask.expand(n, q, q)
+        mask = torch.cat([valid[:, None, :].expand(n, q, cached), new], dim=2)[:, None]
+        batched = PackedCall(input_ids=ids, position_ids=positions, attention_mask=mask,
+                             logit_rows=first.logit_rows, verifier_rows=None, proposal_rows=[],
+                             cache_rows_before_draft=0, proposal_start=first.proposal_start)
+        return batched, [range(q)] * n, [None] * n
+    device = valid.device
+    starts = [c.proposal_start for c in calls]
+    head = max(starts)  # the shared proposal start
+    q = head + max(c.rows - s for c, s in zip(calls, starts, strict=True))
+    ids = torch.full((n, q), pad_token_id, dtype=torch.long, device=device)
+    positions = torch.zeros(n, q, dtype=torch.long, device=device)
+    new = torch.eye(q, dtype=torch.bool, device=device).repeat(n, 1, 1)  # a padding row sees itself only
+    columns, kept = [], []
+    for b, (call, s) in enumerate(zip(calls, starts, strict=True)):
+        rows, tail = call.rows, call.rows - s
+        template = call.new_rows_mask if call.new_rows_mask is not None else call.attention_mask[0, 0, :, -rows:]
+        ids[b, :s], ids[b, head : head + tail] = call.input_ids[0, :s], call.input_ids[0, s:]
+        positions[b, :s], positions[b, head : head + tail] = call.position_ids[0, :s], call.position_ids[0, s:]
+        new[b, :s, :s], new[b, :s, head : head + tail] = template[:s, :s], template[:s, s:]
+        new[b, head : head + tail, :s] = template[s:, :s]
+        new[b, head : head + tail, head : head + tail] = template[s:, s:]
+        column = [*range(s), *range(head, head + tail)]
+        columns.append(column)
+        kept.append(torch.tensor(column, device=device)[call.logit_rows])
+    union = torch.unique(torch.cat(kept))  # sorted
+    reads = [torch.searchsorted(union, k) for k in kept]
+    mask = torch.cat([valid[:, None, :].expand(n, q, cached), new], dim=2)[:, None]
+    batched = PackedCall(input_ids=ids, position_ids=positions, attention_mask=mask, logit_rows=union,
+                         verifier_rows=None, proposal_rows=[], cache_rows_before_draft=0, proposal_start=head)
+    return batched, columns, reads

@@ -172,6 +172,74 @@ class PackedCall:
         return self.cache_rows_before_draft + (n_accepted_draft or 0)
 
 
+@dataclass(frozen=True)
+class SteadyCall:
+    """The call a layout makes after the prompt's under greedy AR or Packed-SS, in its static shape, as templates a
+    whole batch fills in tensors (`lockstep.py`): a row's call is this one at its own positions, with its own P's
+    last token and draft. Every row's call has one shape, so a round costs a fixed number of tensor ops whatever
+    the batch size. Row 0 holds P's last token (the pending tail); after h accepted draft tokens the cache keeps
+    rows 0..h (it and the accepted draft rows), as `PackedCall.rows_to_cache` says for a one-token tail.
+
+    Attributes:
+        position_offsets (`torch.LongTensor` of shape `(q,)`): each row's position id less P's last token's.
+        new_rows_mask (`torch.BoolTensor` of shape `(q, q)`): the mask's new-rows part.
+        logit_rows (`torch.LongTensor` of shape `(r,)`): the kept rows: `verifier` verifier rows scoring window ranks
+            0.. (row r given P and d^(<r)), then rows scoring `proposal_ranks` given P (Packed-SS).
+        anchors (`torch.LongTensor`): the columns that hold P's last token.
+        draft: the columns of draft ranks 0..; a row's shorter draft leaves MASK in the rest.
+        verifier: the number of verifier kept rows (more than any draft is long: a bonus rank always follows).
+        proposal_ranks: the window ranks the proposal kept rows score (D_t is drawn from those past the accepted).
+        proposal_start: rows from this one on are proposal rows (`PackedCall.proposal_start`).
+        mask_token_id: the MASK id of the layout.
+    """
+
+    position_offsets: torch.Tensor
+    new_rows_mask: torch.Tensor
+    logit_rows: torch.Tensor
+    anchors: torch.Tensor
+    draft: slice
+    verifier: int
+    proposal_ranks: range
+    proposal_start: int
+    mask_token_id: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.new_rows_mask.shape[0])
+
+    @property
+    def draft_slots(self) -> int:
+        return self.draft.stop - self.draft.start
+
+    def build(self, last: torch.Tensor, draft: torch.Tensor, kappa: torch.Tensor, position: torch.Tensor,
+              valid: torch.Tensor) -> PackedCall:
+        """The batched call of m rows: `last` ``(m, 1)`` P's last tokens, `draft` ``(m, draft_slots)`` with `kappa`
+        ``(m,)`` real tokens each, `position` ``(m,)`` P's last position, `valid` ``(m, cache_len)`` the cache
+        columns each row sees."""
+        m, q = last.shape[0], self.rows
+        ids = last.new_full((m, q), self.mask_token_id)
+        ids[:, self.anchors] = last
+        if self.draft_slots:
+            ranks = torch.arange(self.draft_slots, device=last.device)[None]
+            ids[:, self.draft] = torch.where(ranks < kappa[:, None], draft, self.mask_token_id)
+        mask = torch.cat([valid[:, None, :].expand(m, q, valid.shape[1]), self.new_rows_mask.expand(m, q, q)], dim=2)
+        return PackedCall(input_ids=ids, position_ids=position[:, None] + self.position_offsets[None],
+                          attention_mask=mask[:, None], logit_rows=self.logit_rows, verifier_rows=None,
+                          proposal_rows=[], cache_rows_before_draft=1, proposal_start=self.proposal_start)
+
+    def next_draft(self, proposed: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Algorithm 1, line 10 for every row: D_t, the proposal tokens past the h + 1 accepted ranks, as
+        ``(m, draft_slots)`` tokens and their count per row. `proposed` ``(m, len(proposal_ranks))``: the argmax of
+        the proposal rows."""
+        first, stop = self.proposal_ranks.start, self.proposal_ranks.stop
+        kappa = (stop - 1 - h).clamp(min=0)
+        if not self.draft_slots or not proposed.shape[1]:
+            return proposed.new_zeros(h.shape[0], self.draft_slots), kappa.clamp(max=0)
+        ranks = torch.arange(self.draft_slots, device=h.device)[None]
+        past = (h + 1 - first)[:, None] + ranks  # proposal row of D_t's rank r
+        return proposed.gather(1, past.clamp(max=proposed.shape[1] - 1)), kappa
+
+
 class Layout(Protocol):
     """How one model family is asked a plan (appendix D). `build` reads the decoder state's pending rows N
     (accepted tokens not yet in the cache), the prompt length and the cache length; `window` says which

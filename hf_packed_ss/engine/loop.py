@@ -56,20 +56,28 @@ def timed(forward, call: PackedCall, cache) -> tuple[torch.Tensor, float]:
     return logits, time.perf_counter() - tic
 
 
-def call_model(forward: Forward, call: PackedCall, cache: DynamicCache, stats: DecodingStats) -> torch.Tensor:
-    """One counted, device-synchronised model call (NFE, rows, model time)."""
-    logits, spent = timed(forward, call, cache)
-    stats.model_time_s += spent
-    stats.nfe += 1
-    stats.rows_per_call.append(call.rows)
-    return logits
-
-
 def ask(call: PackedCall, stats: DecodingStats):
     """One counted call (NFE, rows) of a `decoding` coroutine: yields it, returns the logits sent back."""
-    stats.nfe += 1
-    stats.rows_per_call.append(call.rows)
+    stats.count_call(call.rows)
     return (yield call)
+
+
+def plan_call(schedule, layout, state: DecoderState, stats: DecodingStats) -> tuple[Plan, PackedCall]:
+    """An iteration's ask: the schedule plans the call over the layout's window (an auto schedule picks its width
+    first), the layout lays it out."""
+    schedule.choose(stats)
+    plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
+    return plan, layout.build(plan, state)
+
+
+def end_stream(streamer, stats: DecodingStats) -> None:
+    """A sequence ended: its streamer gets its statistics (if it takes them: a server answers a row as soon as it
+    ends) and `end()`."""
+    if streamer is None:
+        return
+    if hasattr(streamer, "put_stats"):
+        streamer.put_stats(stats)
+    streamer.end()
 
 
 def stream(streamer, tokens: torch.Tensor, kinds: list[str]) -> None:
@@ -183,17 +191,12 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
     if streamer is not None:
         streamer.put(prompt.cpu())
     while state.left <= state.end and not cancelled(streamer):  # a consumer that left ends it early
-        # 1. ask: the schedule plans the call over the window (an auto schedule picks its width first), the
-        # layout lays it out
-        schedule.choose(stats)
-        plan = schedule.plan(layout.window(state.left, state.end, schedule.width, state.ahead))
-        call = layout.build(plan, state)
+        # 1. ask: the schedule plans the call over the window, the layout lays it out
+        plan, call = plan_call(schedule, layout, state, stats)
         if limit is not None:
             call = yield from fit_context(schedule, layout, plan, call, state, cache, stats)
         # 2. one model call
-        stats.nfe += 1
-        stats.rows_per_call.append(call.rows)
-        logits = yield call
+        logits = yield from ask(call, stats)
         # 3. verify and draft
         result = process(processors, call.read(logits), plan, state)
         verdict = schedule.advance(plan, result)
@@ -209,9 +212,6 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
         # 5. stop exactly at EOS / length / stopping criteria (Algorithm 1, lines 7-8)
         floor, before = state.left, state.end
         new = state.accept(verdict.positions, verdict.tokens, verdict.values)
-        mode, width = schedule.current()
-        stats.schedule_per_iteration.append(mode)
-        stats.width_per_iteration.append(width)
         if streamer is not None:
             kinds.update(zip(verdict.positions, verdict.kinds, strict=True))
         if eos:
@@ -220,7 +220,7 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
         end = state.end
         if stop is not None and new:
             end = stop_end(state, new, floor, stop)
-        stats.accepted_per_iteration.append(len(new) if end == before else sum(1 for j in new if j <= end))
+        stats.count_iteration(len(new) if end == before else sum(1 for j in new if j <= end), *schedule.current())
         if end < before:
             roll_back(state, state.drop_after(end), cache)
         if streamer is not None and state.left > streamed:
@@ -228,10 +228,7 @@ def decoding(schedule, layout, prompt: torch.Tensor, max_new_tokens: int, eos_to
             stream(streamer, run, [kinds[j] for j in range(streamed, state.left)])
             streamed = state.left
     stats.new_tokens = state.left
-    if streamer is not None:
-        if hasattr(streamer, "put_stats"):  # a server answers a row as soon as it ends, with its statistics
-            streamer.put_stats(stats)
-        streamer.end()
+    end_stream(streamer, stats)
     return state.prefix().clone(), stats
 
 

@@ -65,6 +65,18 @@ class DecodingStats:
             total.compile_time_s += row.compile_time_s
         return total
 
+    def count_call(self, rows: int, model_time_s: float = 0.0) -> None:
+        """One model call of `rows` input rows (its model time, when the counter times it)."""
+        self.nfe += 1
+        self.rows_per_call.append(rows)
+        self.model_time_s += model_time_s
+
+    def count_iteration(self, accepted: int, schedule: str, width: int) -> None:
+        """One verifying iteration: the tokens it appended, and the mode and width of its call."""
+        self.accepted_per_iteration.append(accepted)
+        self.schedule_per_iteration.append(schedule)
+        self.width_per_iteration.append(width)
+
     @property
     def tokens_per_nfe(self) -> float:
         return self.new_tokens / self.nfe if self.nfe else 0.0

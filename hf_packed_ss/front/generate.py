@@ -15,8 +15,8 @@ from transformers import CompileConfig, GenerationConfig, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from ..engine import DecodingStats, Greedy, RejectionSampler, decode, decode_batch
+from ..engine.batch import tensorised
 from ..engine.batch_cache import Arrival
-from ..engine.lockstep import eligible as lockstep_eligible
 from ..engine.static import slots_needed, steady_rows
 from ..models.lora import proposal_only_adapters
 from .candidates import PackedSSCandidateGenerator
@@ -224,14 +224,14 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
                   ) -> tuple[list[torch.Tensor], DecodingStats]:
     """`cache_implementation="static"`: each sequence through the model's `StaticForward` (one graph for every
     call after the prompt's, compiled by `compile_options`) over a `SlotCache` sized for the longest, kept on
-    the model for later calls. A batch that can run in lockstep (greedy AR or Packed-SS, EOS and length only) runs
-    so through a `StaticBatchForward` of `max_batch_size` rows (default the batch's), into whose free rows
-    `admit()`'s arrivals join between two calls; any other batch's rows, and its arrivals after them, run one after
-    another through the one graph."""
+    the model for later calls. A batch that can run in lockstep (`engine.batch.tensorised`: greedy AR or Packed-SS,
+    EOS and length only, either family) runs so through a `StaticBatchForward` of `max_batch_size` rows (default the
+    batch's), into whose free rows `admit()`'s arrivals join between two calls; any other batch's rows, and its
+    arrivals after them, run one after another through the one graph."""
     rows = steady_rows(schedules[0], layouts[0])
     longest = max(p.numel() for p in prompts)
     options = compile_options(config, decoder.device)
-    if (len(prompts) > 1 or admit is not None) and lockstep_eligible(schedules, layouts, processors, stop):
+    if (len(prompts) > 1 or admit is not None) and tensorised(schedules, layouts, processors, stop):
         slack = 8 * (schedules[0].width + 1)  # decode_batch's default: holes before a compaction
         capacity = max(config.max_cache_len or 0, slots_needed(longest, max_new, slack, rows))
         forward, cache = static_batch_forward(decoder, max(len(prompts), max_batch_size or 0), rows, capacity, options)

@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import torch
 
-from ..contract import PackedCall, Plan, Proposal
+from ..contract import PackedCall, Plan, Proposal, SteadyCall
 from .mask import LayoutBase
 
 ROW_N, ROW_O, ROW_M, ROW_R = 0, 1, 2, 3  # row kinds
@@ -87,6 +87,25 @@ class SamePositionLayout(LayoutBase):
             proposal_ranks=used,
             new_rows_mask=new,
         )
+
+    def steady_call(self, width: int, drafting: bool, device: torch.device) -> SteadyCall:
+        """Every call after the prompt's of greedy Packed-SS (`drafting`) or AR at width W in left-to-right order,
+        in its static shape with every row that can be read: ``[c | O x (W - 1) | M x W | R x (W - 1)]``, the
+        pending correction c at relative position 0 and rank r's rows at r + 1 (AR: ``[c | M]``). A draft is at
+        most W - 1 tokens (the ranks past the accepted one), so O rank W - 1 and R rank 0 never matter and are
+        left out. Its O rows are all marked drafted: an O row past a row's draft holds MASK and is seen only by
+        the M rows past it, which are never read (h <= kappa), so the one mask serves every draft length."""
+        return _steady(width if drafting else 0, self.mask_token_id, device)
+
+
+@lru_cache(maxsize=64)
+def _steady(w: int, mask_token_id: int, device: torch.device) -> SteadyCall:
+    u, slots = max(w, 1), max(w - 1, 0)  # AR: a window of one rank, no draft
+    regions = ((0, 1, 1),) if w else ()
+    new, rank, kept, _, _ = _template(1, u, slots, slots, u, u, regions, device)
+    offsets = torch.cat([rank.new_zeros(1), rank + 1])
+    return SteadyCall(offsets, new, kept, torch.tensor([0], device=device), slice(1, 1 + slots), verifier=u,
+                      proposal_ranks=range(1, w), proposal_start=1 + slots + u, mask_token_id=mask_token_id)
 
 
 def _template(p: int, u: int, o_rows: int, kappa: int, m: int, verify_ranks: int, regions: tuple, device: torch.device):

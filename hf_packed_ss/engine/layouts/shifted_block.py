@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import torch
 
-from ..contract import PackedCall, Plan
+from ..contract import PackedCall, Plan, SteadyCall
 from .mask import LayoutBase
 
 
@@ -89,6 +89,21 @@ class ShiftedBlockLayout(LayoutBase):
             proposal_ranks=[range(branch, branch + length) for branch, _, length in shape],
             new_rows_mask=new_mask,
         )
+
+    def steady_call(self, width: int, drafting: bool, device: torch.device) -> SteadyCall:
+        """Every call after the prompt's of greedy Packed-SS (`drafting`) or AR at width W, in its static shape:
+        ``[l | d, MASK-padded to W | l | MASK x W]`` (the module docstring's 2B rows, P's last token l at relative
+        position 0; AR: ``[l]``). Verifier rows 0..W score ranks 0..W; proposal rows W + 2.. ranks 0..W-1."""
+        return _steady(width if drafting else 0, self.mask_token_id, device)
+
+
+@lru_cache(maxsize=64)
+def _steady(w: int, mask_token_id: int, device: torch.device) -> SteadyCall:
+    proposals = ((0, True, w),) if w else ()
+    offsets, mask, kept, _ = _template(True, 1, w, w, proposals, 0, device)
+    anchors = torch.tensor([0, w + 1] if w else [0], device=device)
+    return SteadyCall(offsets, mask, kept, anchors, slice(1, 1 + w), verifier=w + 1, proposal_ranks=range(w),
+                      proposal_start=w + 1, mask_token_id=mask_token_id)
 
 
 def _template(verify: bool, t: int, k: int, slots: int, proposals: tuple, last: int, device: torch.device):
