@@ -100,8 +100,9 @@ def test_a_failing_schedule_becomes_an_error_row_and_is_dropped():
 def _records(schedule, tokens, times, nfe=None, correct=None):
     nfe = nfe or [1] * len(tokens)
     correct = correct or [None] * len(tokens)
-    return [Record(schedule, i, f"p/{i}", 0, 0, new_tokens=t, decoder_time_s=s, nfe=n, model_time_s=s / 2,
-                   correct=c) for i, (t, s, n, c) in enumerate(zip(tokens, times, nfe, correct, strict=True))]
+    return [Record(schedule=schedule, prompt=i, prompt_id=f"p/{i}", repeat=0, position=0, new_tokens=t,
+                   decoder_time_s=s, nfe=n, model_time_s=s / 2, correct=c)
+            for i, (t, s, n, c) in enumerate(zip(tokens, times, nfe, correct, strict=True))]
 
 
 def test_rates_use_aggregate_totals():

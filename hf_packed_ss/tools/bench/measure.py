@@ -19,7 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
 from ...front.families import MODES
-from .record import Record
+from .record import Record, stats_fields
 from .statistics import rotation
 from .suites import Prompt
 
@@ -133,7 +133,7 @@ def schedule_name(text: str) -> str:
     return str(name)
 
 
-# decode(schedule, input_ids) -> the Record fields it measured (width, new_tokens, nfe, times, rows, ..., tokens)
+# decode(schedule, input_ids) -> the Record fields it measured (its DecodingStats' fields, generate_wall_s, tokens, ...)
 Decode = Callable[[str, torch.Tensor], dict]
 
 
@@ -242,13 +242,8 @@ def decode_ours(model, ids: torch.Tensor, mode: str, settings: Settings, compile
                          return_dict_in_generate=True, **settings.sampling(), **extra)
     sync(ids.device)
     wall = time.perf_counter() - start
-    stats = out.decoding_stats
-    return dict(width=stats.width, new_tokens=stats.new_tokens, nfe=stats.nfe, decoder_time_s=stats.decoder_time_s,
-                generate_wall_s=wall, model_time_s=stats.model_time_s, rows_per_call=list(stats.rows_per_call),
-                accepted_per_iteration=list(stats.accepted_per_iteration), compile_time_s=stats.compile_time_s,
-                width_per_iteration=list(stats.width_per_iteration),
-                schedule_per_iteration=list(stats.schedule_per_iteration),
-                prompt_time_s=stats.prompt_time_s, tokens=out.sequences[0, ids.shape[1]:].tolist())
+    new = out.sequences[0, ids.shape[1]:]
+    return stats_fields(out.decoding_stats) | dict(generate_wall_s=wall, tokens=new.tolist())
 
 
 def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, compiled: bool = False) -> dict:
@@ -402,13 +397,14 @@ def run_interleaved(decode: Decode, schedules: list[str], prompts: list[Prompt],
                         continue
                     bar.set_postfix_str(f"{prompt.id} {s}", refresh=False)
                     torch.manual_seed(seed_for(seed, i, r))
+                    where = dict(prompt=i, prompt_id=prompt.id, repeat=r, position=position)
                     try:
                         fields = decode(s, inputs[i])
                     except Exception as error:
                         m.errors[s] = f"{prompt.id}: " + _error(error)
-                        m.records.append(Record(s, i, prompt.id, r, position, error=m.errors[s]))
+                        m.records.append(Record(schedule=s, error=m.errors[s], **where))
                         continue
-                    m.records.append(Record(s, i, prompt.id, r, position, **fields))
+                    m.records.append(Record(schedule=s, **where, **fields))
                     bar.update()
     except KeyboardInterrupt:
         m.interrupted = True

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+
+from ...engine.stats import DecodingStats
 
 
-@dataclass
-class Record:
-    """What one `generate` call of one schedule on one prompt produced.
+@dataclass(kw_only=True)
+class Record(DecodingStats):
+    """What one `generate` call of one schedule on one prompt produced: its `DecodingStats` (our schedules'
+    own; for stock `generate`, what forward hooks counted), `schedule` the bench's name for it (`ar`,
+    `packed_ss@4`, ..., `stock`, `prompt_lookup`) and `width` the W used (0 if none), and where and how it ran.
 
-    Attributes:
-        schedule: bench schedule name (`ar`, `packed_ss`, ..., `stock`, `prompt_lookup`); width: W used (0 if none).
+    Attributes (besides `DecodingStats`'s):
         prompt, prompt_id, repeat: which prompt (index into the suite) and which repeat.
         position: where this schedule ran in that prompt's interleaved order (0 = first).
-        new_tokens: generated tokens, EOS included. nfe: model forward calls, prompt processing included.
-        decoder_time_s: decoder wall time as appendix E.5 defines it (prefill and all decoding, synchronised).
         generate_wall_s: wall time of the whole `generate` call (also its argument checks and set-up).
-        model_time_s: time inside model forward calls; non_model_time_s = decoder_time_s - model_time_s.
-        rows_per_call: input rows of every call; accepted_per_iteration: tokens appended per iteration;
-            width_per_iteration, schedule_per_iteration: each iteration's width and mode (what auto chose).
-        compile_time_s: time of the calls that compiled a graph (ours, `+compile`); prompt_time_s: the prompt
-            call's model time (ours), so the later calls' cost is (decoder_time_s - prompt_time_s) / (nfe - 1).
         predicted_time_s: the decode's time as auto's cost model predicted it from what it had measured before
             this decode began (the sum of every call's cost at its rows and the machine's speed then), None when
             auto is not measured or a call's cost was unknown.
@@ -33,23 +29,12 @@ class Record:
         error: why the call failed (then the numbers are zero).
     """
 
-    schedule: str
+    width: int = 0
     prompt: int
     prompt_id: str
     repeat: int
     position: int
-    width: int = 0
-    new_tokens: int = 0
-    nfe: int = 0
-    decoder_time_s: float = 0.0
     generate_wall_s: float = 0.0
-    model_time_s: float = 0.0
-    rows_per_call: list[int] = field(default_factory=list)
-    accepted_per_iteration: list[int] = field(default_factory=list)
-    width_per_iteration: list[int] = field(default_factory=list)
-    schedule_per_iteration: list[str] = field(default_factory=list)
-    compile_time_s: float = 0.0
-    prompt_time_s: float = 0.0
     predicted_time_s: float | None = None
     compiled_graphs: int = 0
     near_tie: bool | None = None
@@ -59,15 +44,14 @@ class Record:
     differs_from_ar: bool | None = None
     error: str | None = None
 
-    @property
-    def non_model_time_s(self) -> float:
-        return self.decoder_time_s - self.model_time_s
-
-    @property
-    def tokens_per_nfe(self) -> float:
-        return self.new_tokens / self.nfe if self.nfe else 0.0
-
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out.pop("tokens")
-        return {**out, "non_model_time_s": self.non_model_time_s, "tokens_per_nfe": self.tokens_per_nfe}
+        """What results.json keeps: every field and rate but the tokens (and a batch's `per_row`, always empty)."""
+        out = super().to_dict()
+        del out["tokens"], out["per_row"]
+        return out
+
+
+def stats_fields(stats: DecodingStats) -> dict:
+    """A decode's `DecodingStats` as `Record` fields (its `schedule`, the assistant mode, left to the bench's
+    name; a batch's `per_row` left out)."""
+    return {f.name: getattr(stats, f.name) for f in fields(DecodingStats) if f.name not in ("schedule", "per_row")}

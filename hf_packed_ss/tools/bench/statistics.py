@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...engine.stats import DecodingStats
 from .record import Record
 
 RESAMPLES = 20_000
@@ -130,13 +131,10 @@ def aggregate(records: list[Record]) -> dict:
     ok = [r for r in records if r.error is None]
     if not ok:
         return {"responses": 0}
-    tokens = sum(r.new_tokens for r in ok)
-    time_s = sum(r.decoder_time_s for r in ok)
-    nfe = sum(r.nfe for r in ok)
-    model = sum(r.model_time_s for r in ok)
-    rows = [x for r in ok for x in r.rows_per_call]
+    total = DecodingStats.sequential(ok)  # the counts and times summed
+    tokens, time_s, nfe, model = total.new_tokens, total.decoder_time_s, total.nfe, total.model_time_s
+    rows, accepted = total.rows_per_call, total.accepted_per_iteration
     later = [x for r in ok for x in r.rows_per_call[1:]]  # after the prompt call (paper Table 3)
-    accepted = [x for r in ok for x in r.accepted_per_iteration]
     graded = [r.correct for r in ok if r.correct is not None]
     compared = [r.differs_from_ar for r in ok if r.differs_from_ar is not None]
     ties = [r for r in ok if r.differs_from_ar and r.near_tie]
@@ -148,7 +146,7 @@ def aggregate(records: list[Record]) -> dict:
         "nfe": nfe,
         "decoder_time_s": time_s,
         "model_time_s": model,
-        "non_model_time_s": time_s - model,
+        "non_model_time_s": total.non_model_time_s,
         "throughput": tokens / time_s if time_s else float("nan"),
         "tokens_per_nfe": tokens / nfe if nfe else float("nan"),
         "time_per_nfe_s": time_s / nfe if nfe else float("nan"),
