@@ -242,7 +242,7 @@ def test_bad_batches_get_clear_errors(nemotron, bad, match):
         nemotron.generate(ids, **options)
 
 
-# --- the lockstep path: every row in the same tensors (greedy AR / Packed-SS on the plain shifted-block layout) ---
+# --- the lockstep path: every row in the same tensors (greedy AR / Packed-SS, left to right, on either family) ---
 
 @pytest.fixture(scope="module")
 def trained():
@@ -254,6 +254,18 @@ def trained():
     return model, tokenizer
 
 
+@pytest.fixture(scope="module")
+def trained_setdlm():
+    """The bundled GSM8K-trained SetDLM-format model in float64 (the same-position layout)."""
+    from hf_packed_ss import bundled
+
+    model, tokenizer = bundled.load("tiny-setdlm-gsm8k", torch.float64)
+    return model, tokenizer
+
+
+TRAINED = ["trained", "trained_setdlm"]
+
+
 def _questions(tokenizer, n: int, skip: int = 0) -> list[torch.Tensor]:
     from hf_packed_ss.tools.bench.suites import SAMPLE, read_jsonl
 
@@ -263,19 +275,37 @@ def _questions(tokenizer, n: int, skip: int = 0) -> list[torch.Tensor]:
     return [tokenizer(t, return_tensors="pt").input_ids[0] for t in texts]
 
 
+def _layout(model, static: bool = False):
+    """The model family's own layout (shifted-block or same-position)."""
+    from hf_packed_ss.front.families import family
+
+    return family(model.config).layout(model.config.mask_token_id, static)
+
+
 def _plain(model, mode, width, n):
-    from hf_packed_ss.engine import ShiftedBlockLayout
-
-    return [schedule_for(model, mode, width) for _ in range(n)], [ShiftedBlockLayout(model.config.mask_token_id)
-                                                                   for _ in range(n)]
+    return [schedule_for(model, mode, width) for _ in range(n)], [_layout(model) for _ in range(n)]
 
 
+def _lockstep(trace=None):
+    """A trace that records whether every call ran in lockstep (a lockstep batch keeps no per-row slot lists)."""
+    seen = []
+
+    def record(batch, call):
+        seen.append(not batch.rows)
+        if trace is not None:
+            trace(batch, call)
+
+    return seen, record
+
+
+@pytest.mark.parametrize("family", TRAINED)
 @pytest.mark.parametrize("mode,width,batch", [("packed_ss", 1, 3), ("packed_ss", 3, 8), ("packed_ss", 7, 5),
                                               ("packed_ss", 15, 4), ("ar", 0, 6)])
-def test_lockstep_rows_are_their_batch_1_decodes(trained, mode, width, batch):
+def test_lockstep_rows_are_their_batch_1_decodes(request, family, mode, width, batch):
     """Tokens, calls and acceptances of every row as decoded alone, and the same outputs as each row in its own
-    loop; the model's EOS ends some rows inside an accepted block, others run to the length limit."""
-    model, tokenizer = trained
+    loop, on both families; the model's EOS ends some rows inside an accepted block, others run to the length
+    limit."""
+    model, tokenizer = request.getfixturevalue(family)
     prompts, eos = _questions(tokenizer, batch, skip=width), [tokenizer.eos_token_id]
     width = max(width, 1)
     forward = model_forward(model, batched=True)
@@ -284,29 +314,32 @@ def test_lockstep_rows_are_their_batch_1_decodes(trained, mode, width, batch):
         lengths = sorted(decode(model_forward(model), *(x[0] for x in _plain(model, "ar", 1, 1)), p, 128,
                                 eos)[0].numel() - p.numel() for p in prompts)
         limit = min(lengths[len(lengths) // 2], lengths[-1] - 1)
-        got, total = decode_batch(forward, *_plain(model, mode, width, batch), prompts, limit, eos, lockstep=True)
+        seen, trace = _lockstep()
+        got, total = decode_batch(forward, *_plain(model, mode, width, batch), prompts, limit, eos, trace=trace)
         rowwise, _ = decode_batch(forward, *_plain(model, mode, width, batch), prompts, limit, eos, lockstep=False)
         alone = [decode(model_forward(model), *(x[0] for x in _plain(model, mode, width, 1)), p, limit, eos)
                  for p in prompts]
+    assert seen and all(seen)  # chosen by default: every call in lockstep
     assert [g.tolist() for g in got] == [r.tolist() for r in rowwise] == [s.tolist() for s, _ in alone]
     for row, (_, stats) in zip(total.per_row, alone, strict=True):
         assert (row.nfe, row.accepted_per_iteration, row.new_tokens) == (
             stats.nfe, stats.accepted_per_iteration, stats.new_tokens)
     assert total.nfe == max(r.nfe for r in total.per_row) and sum(total.accepted_per_iteration) == total.new_tokens
-    if mode == "packed_ss":
+    if mode == "packed_ss" and width > 1:
         assert len({r.nfe for r in total.per_row}) > 1  # rows finished at different calls
-        assert max(max(r.accepted_per_iteration) for r in total.per_row) >= min(width + 1, 3)  # long acceptances
+        assert max(max(r.accepted_per_iteration) for r in total.per_row) >= min(width, 3)  # long acceptances
     ended = [eos[0] in g[p.numel():].tolist() for p, g in zip(prompts, got, strict=True)]
     assert any(ended) and not all(ended)
 
 
-@pytest.mark.parametrize("family", ["nemotron", "trained"])
+@pytest.mark.parametrize("family", ["nemotron", "setdlm", *TRAINED])
 def test_lockstep_is_chosen_and_its_cache_stays_bounded(request, family):
-    """`decode_batch` takes the lockstep path when it can; the cache never outgrows the longest row's own by more
-    than the slack, a small slack compacts, and the outputs do not change."""
+    """`decode_batch` takes the lockstep path when it can (both families); the cache never outgrows the longest
+    row's own by more than the slack, a small slack compacts, and the outputs do not change."""
     model = request.getfixturevalue(family)
-    model = model[0] if family == "trained" else model
-    prompts = _prompts(6, model.config.vocab_size - 2, seed=3)
+    model = model[0] if family in TRAINED else model
+    vocab = model.config.vocab_size
+    prompts = [(p + 2) % vocab for p in _prompts(6, vocab - 2, seed=3)]  # never a MASK id (0, 1 or the last)
     results = {}
     for slack in (3, 10_000):
         seen = []
@@ -315,9 +348,11 @@ def test_lockstep_is_chosen_and_its_cache_stays_bounded(request, family):
             seen.append((batch.length, int(batch.valid.sum(1).max()), batch.cache.get_seq_length(),
                          batch.compactions))
 
+        steps, trace = _lockstep(trace)
         with torch.no_grad():
             results[slack] = decode_batch(model_forward(model, batched=True), *_plain(model, "packed_ss", 5, 6),
                                           prompts, 40, slack=slack, trace=trace)[0]
+        assert steps and all(steps)
         assert seen and all(length == physical for length, _, physical, _ in seen)
         assert all(length <= longest + slack + 6 for length, longest, _, _ in seen)  # + the last call's holes
         if slack == 3:
@@ -433,13 +468,15 @@ class CancelAfter(Collect):
         return self.tokens is not None and sum(map(len, self.puts[1:])) >= self.tokens
 
 
-@pytest.mark.parametrize("mode,static", [("packed_ss", False), ("linear_ss", False), ("packed_ss", True),
-                                         ("ar", False)])
-def test_per_row_streamers_see_their_row_and_a_cancelled_row_leaves(trained, mode, static):
+@pytest.mark.parametrize("family,mode,static", [("trained", "packed_ss", False), ("trained", "linear_ss", False),
+                                                ("trained", "packed_ss", True), ("trained", "ar", False),
+                                                ("trained_setdlm", "packed_ss", False),
+                                                ("trained_setdlm", "packed_ss", True)])
+def test_per_row_streamers_see_their_row_and_a_cancelled_row_leaves(request, family, mode, static):
     """streamer=[one per row]: each gets its prompt then exactly its row's new tokens, and `end` once (lockstep,
-    row-by-row and static-cache batches); a row whose streamer turns `cancelled` stops with a prefix of its output
-    and leaves the batch (later calls are narrower), the other rows unchanged."""
-    model, tokenizer = trained
+    row-by-row and static-cache batches, both families); a row whose streamer turns `cancelled` stops with a prefix
+    of its output and leaves the batch (later calls are narrower), the other rows unchanged."""
+    model, tokenizer = request.getfixturevalue(family)
     prompts = _questions(tokenizer, 3, skip=4)
     ids, mask = _left_padded(prompts, pad=tokenizer.eos_token_id)
     options = dict(attention_mask=mask, assistant_mode=mode, max_new_tokens=40, pad_token_id=tokenizer.eos_token_id,
@@ -474,7 +511,6 @@ def test_a_cancelled_streamer_ends_a_single_decode_early(nemotron):
 
 def _arrivals(model, tokenizer, mode, width, plan):
     """An `admit` that hands the batch new prompts (GSM8K questions) at given rounds: plan = {round: [limits]}."""
-    from hf_packed_ss.engine import ShiftedBlockLayout
     from hf_packed_ss.engine.batch_cache import Arrival
 
     questions = iter(_questions(tokenizer, sum(map(len, plan.values())), skip=9))
@@ -482,21 +518,22 @@ def _arrivals(model, tokenizer, mode, width, plan):
 
     def admit():
         calls[0] += 1
-        new = [Arrival(schedule_for(model, mode, width), ShiftedBlockLayout(model.config.mask_token_id),
-                       next(questions), limit) for limit in plan.get(calls[0], [])]
+        new = [Arrival(schedule_for(model, mode, width), _layout(model), next(questions), limit)
+               for limit in plan.get(calls[0], [])]
         joined.extend(new)
         return new
 
     return admit, joined
 
 
-@pytest.mark.parametrize("mode,width,lockstep", [("packed_ss", 7, True), ("ar", 1, True), ("packed_ss", 3, False),
-                                                 ("linear_ss", 4, False)])
-def test_rows_that_join_a_running_batch_are_their_solo_decodes(trained, mode, width, lockstep):
+@pytest.mark.parametrize("family,mode,width,lockstep", [
+    ("trained", "packed_ss", 7, True), ("trained", "ar", 1, True), ("trained", "packed_ss", 3, False),
+    ("trained", "linear_ss", 4, False), ("trained_setdlm", "packed_ss", 7, True), ("trained_setdlm", "ar", 1, True)])
+def test_rows_that_join_a_running_batch_are_their_solo_decodes(request, family, mode, width, lockstep):
     """Continuous batching: prompts that join mid-decode (own limits, several rounds, one after the first rows
     finished) each get exactly their solo tokens and calls; the batch's cache stays exact (its length is the
     physical cache's)."""
-    model, tokenizer = trained
+    model, tokenizer = request.getfixturevalue(family)
     prompts, eos = _questions(tokenizer, 3), [tokenizer.eos_token_id]
     admit, joined = _arrivals(model, tokenizer, mode, width, {1: [20, 60], 4: [50], 9: [8, 30], 200: [25]})
     seen = []
@@ -516,18 +553,18 @@ def test_rows_that_join_a_running_batch_are_their_solo_decodes(trained, mode, wi
     assert total.nfe < sum(r.nfe for r in total.per_row)  # rows shared calls
 
 
+@pytest.mark.parametrize("family", TRAINED)
 @pytest.mark.parametrize("lockstep", [True, False])
 @pytest.mark.parametrize("limit", [1, 2])
-def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep, limit):
+def test_arrivals_into_a_batch_whose_rows_all_finished(request, family, lockstep, limit):
     """Rows that arrive once every row of the batch has ended (before its first steady call, or after) start it
     over and decode as alone."""
-    from hf_packed_ss.engine import ShiftedBlockLayout
     from hf_packed_ss.engine.batch_cache import Arrival
 
-    model, tokenizer = trained
+    model, tokenizer = request.getfixturevalue(family)
     prompts = _questions(tokenizer, 4)
     first = [Collect(), Collect()]
-    waiting = [Arrival(schedule_for(model, "packed_ss", 5), ShiftedBlockLayout(model.config.mask_token_id), p, n)
+    waiting = [Arrival(schedule_for(model, "packed_ss", 5), _layout(model), p, n)
                for p, n in zip(prompts[2:], (12, 9), strict=True)]
     joined = []
 
@@ -546,17 +583,17 @@ def test_arrivals_into_a_batch_whose_rows_all_finished(trained, lockstep, limit)
     assert [g.tolist() for g in got[2:]] == [a.tolist() for a in alone]
 
 
-@pytest.mark.parametrize("mode,width", [("packed_ss", 7), ("ar", 1)])
-def test_rows_join_a_static_batch_into_its_free_rows_as_their_solo_decodes(trained, mode, width):
+@pytest.mark.parametrize("family,mode,width", [("trained", "packed_ss", 7), ("trained", "ar", 1),
+                                               ("trained_setdlm", "packed_ss", 7)])
+def test_rows_join_a_static_batch_into_its_free_rows_as_their_solo_decodes(request, family, mode, width):
     """A compiled server's batch: a `SlotCache` of 3 rows. Arrivals take the rows of those that finished and wait
     while none is free; one whose prompt is longer than the cache moves the rows in use right; the cache is never
-    reallocated; every row gets exactly its solo tokens and calls."""
-    from hf_packed_ss.engine import ShiftedBlockLayout
+    reallocated; every row gets exactly its solo tokens and calls (both families)."""
     from hf_packed_ss.engine.batch_cache import Arrival
     from hf_packed_ss.engine.static import steady_rows
     from hf_packed_ss.front.forward import static_batch_forward
 
-    model, tokenizer = trained
+    model, tokenizer = request.getfixturevalue(family)
     prompts, eos = _questions(tokenizer, 2), [tokenizer.eos_token_id]
     extra = _questions(tokenizer, 5, skip=9)
     long = torch.cat([extra[1], extra[2], extra[3]])  # longer than the batch's cache when it joins
@@ -565,8 +602,7 @@ def test_rows_join_a_static_batch_into_its_free_rows_as_their_solo_decodes(train
 
     def admit():
         calls[0] += 1
-        new = [Arrival(schedule_for(model, mode, width), ShiftedBlockLayout(model.config.mask_token_id, True), p, n)
-               for p, n in plan.get(calls[0], [])]
+        new = [Arrival(schedule_for(model, mode, width), _layout(model, True), p, n) for p, n in plan.get(calls[0], [])]
         joined.extend(new)
         return new
 

@@ -102,16 +102,23 @@ def test_a_batch_with_a_static_cache_decodes_each_row_as_alone():
     assert stats.new_tokens == 24 and stats.decoder_time_s == sum(row.decoder_time_s for row in stats.per_row)
 
 
-@pytest.mark.parametrize("mode", ["packed_ss", "ar"])
-def test_a_lockstep_batch_runs_one_compiled_graph(mode):
-    """Greedy AR / Packed-SS batches run in lockstep over a slot cache of the batch's rows: each call padded back
-    to every row (finished rows' stand-ins see only themselves), one compiled graph for the whole decode, the
-    tokens of the eager dynamic-cache batch (itself each row alone: test_batch), a row ending at EOS mid-decode."""
-    model = tiny_model(2)
+@pytest.mark.parametrize("family,mode", [("nemotron", "packed_ss"), ("nemotron", "ar"), ("setdlm", "packed_ss"),
+                                         ("setdlm", "ar")])
+def test_a_lockstep_batch_runs_one_compiled_graph(family, mode):
+    """Greedy AR / Packed-SS batches run in lockstep over a slot cache of the batch's rows on both families: each
+    call padded back to every row (finished rows' stand-ins see only themselves), one compiled graph for the whole
+    decode, the tokens of the eager dynamic-cache batch (itself each row alone: test_batch), a row ending at EOS
+    mid-decode."""
+    model = tiny_model(2) if family == "nemotron" else tiny_setdlm(2)
     prompts = torch.tensor([[0, 0, 4, 9, 3, 5], [7, 1, 2, 8, 6, 4], [0, 0, 0, 0, 5, 9]])
     mask = (torch.arange(6)[None] >= torch.tensor([[2], [0], [4]])).long()
     options = dict(attention_mask=mask, assistant_mode=mode, speculative_width=3, max_new_tokens=30,
-                   return_dict_in_generate=True, pad_token_id=0, eos_token_id=3)
+                   return_dict_in_generate=True, pad_token_id=0)
+    if family == "setdlm":  # an EOS one row meets and another does not
+        rows = [row[6:].tolist() for row in model.generate(prompts, **options).sequences]
+        options["eos_token_id"] = next(t for t in rows[0] if any(t not in r for r in rows[1:]))
+    else:
+        options["eos_token_id"] = 3
     eager = model.generate(prompts, **options)
     counter = CompileCounterWithBackend("inductor")
     compiled = model.generate(prompts, cache_implementation="static", **options,
