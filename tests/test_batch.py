@@ -298,6 +298,25 @@ def _lockstep(trace=None):
     return seen, record
 
 
+def test_greedy_prefix_is_the_one_greedy_acceptance():
+    """The batched prefix match the lockstep path verifies with gives, row by row, the h `Greedy` decides (the
+    same function at batch 1), a draft shorter than its row's slots included."""
+    from hf_packed_ss.engine import Greedy
+    from hf_packed_ss.engine.acceptance import greedy_prefix
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 6, 5, generator=gen)  # 64 rows, ranks 0..5, vocabulary 5
+    verified = logits.argmax(-1)
+    kappa = torch.randint(0, 6, (64,), generator=gen)
+    # drafts that follow the verifier for a random number of ranks, then differ
+    follow = torch.randint(0, 6, (64, 1), generator=gen)
+    draft = torch.where(torch.arange(5)[None] < follow, verified[:, :5], (verified[:, :5] + 1) % 5)
+    h = greedy_prefix(draft, verified, kappa)
+    for b in range(64):
+        k = int(kappa[b])
+        assert int(h[b]) == Greedy().decide(draft[b, :k], None, logits[b, : k + 1])[2] == min(k, int(follow[b]))
+
+
 @pytest.mark.parametrize("family", TRAINED)
 @pytest.mark.parametrize("mode,width,batch", [("packed_ss", 1, 3), ("packed_ss", 3, 8), ("packed_ss", 7, 5),
                                               ("packed_ss", 15, 4), ("ar", 0, 6)])

@@ -146,7 +146,7 @@ class Lockstep:
             initial = False
 
     def begin(self, arrivals: Sequence[Arrival], initial: bool) -> None:
-        """New rows: their prompt call, their first token accepted, then those that go on join the batch."""
+        """New rows: each gets its output and statistics; those with tokens to decode make their prompt call."""
         fresh = []
         for a in arrivals:
             b = len(self.outputs)
@@ -160,8 +160,12 @@ class Lockstep:
                 self.finish(b, a.prompt[:0])
             else:
                 fresh.append((b, a))
-        if not fresh:
-            return
+        if fresh:
+            self.prompt_call(fresh, initial)
+
+    def prompt_call(self, fresh: list[tuple[int, Arrival]], initial: bool) -> None:
+        """The rows' prompt calls, packed into one; each row's own schedule accepts its first token and makes its
+        first draft; the rows that go on join the batch (`enter`). `fresh`: (output index, arrival) pairs."""
         # 1. each row's prompt call as its schedule and layout make it alone, packed into one call
         plans, calls = [], []
         for b, a in fresh:
@@ -197,27 +201,34 @@ class Lockstep:
             drafts.append(torch.nn.functional.pad(draft, (0, self.steady.draft_slots - draft.numel()),
                                                   value=self.steady.mask_token_id))
             kept.append(mine.rows_to_cache(0))  # the prompt's rows: P less its last token
-        widest = max(kept, default=0)
-        if widest < call.rows:  # the columns past every staying row's prompt go
-            own.crop(widest - call.rows)
         if not stay:
+            own.crop(-call.rows)
             return
-        if len(stay) < k:
+        # 3. the rows that go on, with their first token and draft, join the batch
+        limits = [fresh[j][1].max_new_tokens for j in stay]
+        first, device = torch.cat(firsts), self.device
+        self.enter(own, call.rows, stay if len(stay) < k else None, initial, Rows(
+            index=[fresh[j][0] for j in stay], held=kept, produced=[1] * len(stay), limits=limits,
+            lengths=torch.tensor([fresh[j][1].prompt.numel() for j in stay], device=device),
+            done=torch.ones(len(stay), dtype=torch.long, device=device), limit=torch.tensor(limits, device=device),
+            last=first[:, None], draft=torch.stack(drafts), kappa=torch.tensor(kappas, device=device),
+            out=torch.nn.functional.pad(first[:, None], (0, max(limits) + self.steady.verifier - 1))))
+
+    def enter(self, own, columns: int, stay: list[int] | None, initial: bool, new: Rows) -> None:
+        """Rows `new` join the batch: `own` (the cache of their prompt call, `columns` long; rows `stay` of it, None:
+        all) keeps each row's prompt columns (`new.held`: P less its last token) and becomes the batch's cache
+        (`initial`) or joins it (`stack_rows`)."""
+        widest = max(new.held)
+        if widest < columns:  # the columns past every staying row's prompt go
+            own.crop(widest - columns)
+        if stay is not None:
             own.batch_select_indices(torch.tensor(stay, device=self.device))
-        valid = torch.arange(widest, device=self.device)[None] < torch.tensor(kept, device=self.device)[:, None]
+        valid = torch.arange(widest, device=self.device)[None] < torch.tensor(new.held, device=self.device)[:, None]
         if initial:
             self.batch.valid = valid
         else:
             stack_rows(self.batch, own, valid)
-        limits = [fresh[j][1].max_new_tokens for j in stay]
-        ones = torch.ones(len(stay), dtype=torch.long, device=self.device)
-        first = torch.cat(firsts)
-        self.rows.extend(Rows(
-            index=[fresh[j][0] for j in stay], held=list(kept), produced=[1] * len(stay), limits=limits,
-            lengths=torch.tensor([fresh[j][1].prompt.numel() for j in stay], device=self.device), done=ones,
-            limit=torch.tensor(limits, device=self.device), last=first[:, None], draft=torch.stack(drafts),
-            kappa=torch.tensor(kappas, device=self.device),
-            out=torch.nn.functional.pad(first[:, None], (0, max(limits) + self.steady.verifier - 1))))
+        self.rows.extend(new)
 
     def round(self) -> None:
         """One call for every row in the batch (see the module docstring)."""
