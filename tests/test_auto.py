@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -23,8 +24,9 @@ from test_sampling import OPTIONS, _processors, exact_distribution, p_value, sam
 
 from hf_packed_ss.engine import RejectionSampler, ShiftedBlockLayout
 from hf_packed_ss.engine.cost import DRAFT, VERIFY, CallCost
+from hf_packed_ss.engine.policy import AUTO_POLICY
 from hf_packed_ss.engine.schedules import AutoSchedule, PackedSSSchedule, call_rows
-from hf_packed_ss.engine.width import PROBE_FIRST, AcceptanceProfile, Measured, WidthChooser, draft_chain
+from hf_packed_ss.engine.width import AcceptanceProfile, Measured, WidthChooser, draft_chain
 from hf_packed_ss.front.measured import forget, measured_for
 
 LENGTH = 320
@@ -282,9 +284,10 @@ def test_the_chooser_follows_cost_and_acceptance():
         for first in range(1, 8):
             measured.profile.observe(first, 8 - first, 0)  # none does, wherever the draft starts
     assert chooser.best()[0] == 0
-    arms = [chooser.choose(1) for _ in range(3 * PROBE_FIRST)]
+    first = AUTO_POLICY.probe_first
+    arms = [chooser.choose(1) for _ in range(3 * first)]
     assert arms[0] == 0 and any(a >= 2 for a in arms)  # AR, with a check of the drafts now and then
-    assert measured.probe_every in (2 * PROBE_FIRST, 4 * PROBE_FIRST)  # AR still won: the next check comes later
+    assert measured.probe_every in (2 * first, 4 * first)  # AR still won: the next check comes later
 
 
 def test_a_drafting_call_is_never_predicted_cheaper_than_an_ar_call():
@@ -316,16 +319,16 @@ def test_after_a_draft_check_the_arm_it_interrupted_holds():
 
 
 def test_the_chain_is_calibrated_by_what_the_calls_appended():
-    """One width with enough calls scales every width alike; two fit a slope in W, never steeper than SLOPE; a
-    width that stops playing fades out of the fit."""
-    from hf_packed_ss.engine.width import CALIBRATE_CALLS, SLOPE
+    """One width with enough calls scales every width alike; two fit a slope in W, never steeper than the
+    policy's; a width that stops playing fades out of the fit."""
+    calls, slope = AUTO_POLICY.calibrate_calls, AUTO_POLICY.slope
 
     measured = Measured(cost=frozen(ar=1.0, draft=1.2, per_row=0.01))
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
     chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     expected = np.linspace(1.2, 2.6, len(chooser.drafting))  # the chain's tokens per call at W = 2..8
     measured.chain.update(zip(chooser.drafting, expected.tolist(), strict=True))
-    for _ in range(CALIBRATE_CALLS - 5):
+    for _ in range(int(calls) - 5):
         chooser.tally(4, 1)
     assert chooser.calibration().tolist() == [1.0] * 7  # too few calls to say anything
     for _ in range(200):
@@ -336,9 +339,9 @@ def test_the_chain_is_calibrated_by_what_the_calls_appended():
         chooser.tally(8, 1)  # as few tokens at 8: far below the chain there
     c = chooser.calibration()
     assert c[chooser.drafting.index(4)] > c[chooser.drafting.index(8)]
-    assert np.diff(np.log(c)) == pytest.approx(np.full(6, -SLOPE))  # the fit is steeper: clipped
+    assert np.diff(np.log(c)) == pytest.approx(np.full(6, -slope))  # the fit is steeper: clipped
     for _ in range(800):
-        chooser.tally(4, 1)  # W = 8's calls fade below CALIBRATE_CALLS: one width again
+        chooser.tally(4, 1)  # W = 8's calls fade below calibrate_calls: one width again
     assert chooser.calibration() == pytest.approx(np.full(7, 1 / at4))
 
 
@@ -377,15 +380,14 @@ def test_a_neighbour_check_remeasures_a_width_a_stale_cost_kept_out(monkeypatch,
     cost = CallCost()
     cost.points[VERIFY] = {1: [1.0, 9.0]}
     cost.points[DRAFT] = {r: [true_cost(r) * (5 if r >= 10 else 1), 9.0] for r in range(3, 12)}
-    measured = Measured(cost=cost, sweep_every=10**9)  # no sweeps (they re-time the spread's widths too)
+    measured = Measured.under(AUTO_POLICY if checks else replace(AUTO_POLICY, neighbour_every=10**9))
+    measured.cost, measured.sweep_every = cost, 10**9  # no sweeps (they re-time the spread's widths too)
     measured.profile.tried, measured.profile.accepted = [0.0] + [100.0] * 15, [0.0] + [90.0] * 15
     chooser = WidthChooser(tuple(range(1, 9)), True, measured)
     chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     chooser.queue, chooser.arm = [], 4
     clock = type("Clock", (), {"now": 0.0, "perf_counter": lambda self: self.now})()
     monkeypatch.setattr(width, "time", clock)
-    if not checks:
-        monkeypatch.setattr(width, "NEIGHBOUR_EVERY", 10**9)
     arms = []
     for i in range(3000):
         rows = chooser.rows(chooser.arm)[1][i % chooser.arm] if chooser.arm else chooser.rows(0)[0]
@@ -408,9 +410,9 @@ def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps)
     def true_cost(rows: int) -> float:
         return 1.2 + 0.01 * rows
 
-    monkeypatch.setattr(width, "SWEEP_FIRST", 200 if sweeps else 10**9)
-    monkeypatch.setattr(width, "SWEEP_EVERY", 200 if sweeps else 10**9)
-    chooser = WidthChooser(tuple(range(1, 9)), True, Measured())
+    every = 200 if sweeps else 10**9
+    chooser = WidthChooser(tuple(range(1, 9)), True, Measured.under(replace(AUTO_POLICY, sweep_first=every,
+                                                                            sweep_every=every)))
     chooser.start(partial(call_rows, ShiftedBlockLayout(0)))
     cost = chooser.measured.cost
     cost.points[VERIFY] = {1: [3.0, 9.0]}
@@ -427,7 +429,7 @@ def test_a_sweep_retimes_the_arms_the_chooser_does_not_play(monkeypatch, sweeps)
         clock.now += true_cost(rows) if chooser.arm else 1.0
         arms.append(chooser.choose(rows))
     assert (cost.predict(VERIFY, 1) == pytest.approx(1.0)) == sweeps  # AR's cost follows the machine
-    assert (arms[100:].count(0) >= 2 * width.SWEEP_CALLS) == sweeps  # each sweep timed it again
+    assert (arms[100:].count(0) >= 2 * AUTO_POLICY.sweep_calls) == sweeps  # each sweep timed it again
     assert sum(a in (3, 4, 5, 6) for a in arms[-500:]) > 0.85 * 500  # the incumbent plays between sweeps
 
 
@@ -474,6 +476,17 @@ def test_a_cold_chooser_measures_a_spread_of_widths_first():
 
 
 # --- the front ---------------------------------------------------------------------------------------------------
+
+
+def test_a_process_learns_under_one_policy_at_a_time(models):
+    forget()
+    default = measured_for(models[0])
+    assert default.policy is AUTO_POLICY and measured_for(models[0]) is default
+    policy = replace(AUTO_POLICY, margin=1.2, recent=8)
+    variant = measured_for(models[0], policy=policy)  # another policy: learnt afresh under it
+    assert variant is not default and variant.cost.policy is policy and variant.profile.policy is policy
+    assert measured_for(models[0]) is variant  # generate's own lookups keep it
+    forget()
 
 
 def test_generate_auto_equals_ar_learns_for_the_process_and_batches_row_by_row(models):

@@ -59,11 +59,13 @@ def log(path: str, argv: list[str]) -> int:
 def replay(entries: list, recent: int) -> dict[str, float]:
     """Each schedule's forecast error (predicted over measured decoder time, minus 1) for the decodes after the
     bench's warm-up (one per schedule)."""
-    from hf_packed_ss.engine import cost
+    from dataclasses import replace
 
-    cost.RECENT = recent
+    from hf_packed_ss.engine import cost
+    from hf_packed_ss.engine.policy import AUTO_POLICY
+
     warm = len({e[2] for e in entries if e[0] == "dec"})
-    model, totals, seen = cost.CallCost(), {}, 0
+    model, totals, seen = cost.CallCost(policy=replace(AUTO_POLICY, recent=recent)), {}, 0
     for entry in sorted(entries, key=lambda e: (e[1], e[0] == "obs")):  # a decode before its own calls
         if entry[0] == "obs":
             model.observe(entry[2], entry[3], entry[4])
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["replay"])
     parser.add_argument("logs", nargs="+")
-    parser.add_argument("--recent", type=int, default=48)
+    parser.add_argument("--recent", type=int, default=48, help="the cost model's window (`AutoPolicy.recent`)")
     args = parser.parse_args(argv)
     for path in args.logs:
         with open(path) as f:

@@ -4,11 +4,11 @@ fixed table of milliseconds by rows. Throughput = tokens / virtual time for AR, 
 `auto`; `auto / best` then measures the quality of the choice alone (no timing noise, no chooser overhead).
 
     python docs/experiments/auto_sim.py tiny-nemotron-gsm8k --table cpu --noise 0.05 \
-        --configs "" "MARGIN=1.03" "FADE=1.0"
+        --configs "" "margin=1.03" "fade=1.0"
 
 `--noise` adds Gaussian relative noise and 3% of calls at twice the cost to what the chooser observes (never to
-the throughput it is judged by), `--drift` a machine speed that changes now and then; `--configs` overrides
-`engine.width` constants (`cost.NAME` those of `engine.cost`), one decode set per config and seed.
+the throughput it is judged by), `--drift` a machine speed that changes now and then; `--configs` sets fields of
+`engine.policy.AutoPolicy` (comma-separated NAME=VALUE), one decode set per config and seed.
 Research tool, not a benchmark: speed claims come from `hf-packed-ss bench`.
 """
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import random
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from hf_packed_ss.engine import cost as cost_module
 from hf_packed_ss.engine import width
-from hf_packed_ss.front.measured import forget
+from hf_packed_ss.engine.policy import AUTO_POLICY
+from hf_packed_ss.front.measured import decoder_of, forget, measured_for
 from hf_packed_ss.tools.bench.suites import load_suite
 from hf_packed_ss.tools.loading import encode, load_model
 
@@ -100,18 +101,14 @@ def main() -> None:
     best = max(fixed, key=fixed.get)
     print("fixed tokens/ms", {w: round(t, 4) for w, t in fixed.items()}, "best", best)
     for config in args.configs:
-        saved = {}
-        for item in filter(None, config.split(",")):
-            name, value = item.split("=")
-            module = cost_module if name.startswith("cost.") else width
-            name = name.removeprefix("cost.")
-            saved[module, name] = getattr(module, name)
-            setattr(module, name, type(saved[module, name])(float(value)))
+        items = [item.split("=") for item in filter(None, config.split(","))]
+        policy = replace(AUTO_POLICY, **{name: type(getattr(AUTO_POLICY, name))(float(v)) for name, v in items})
         scores = []
         for seed in range(args.seeds):
             rng.seed(seed)
             speed[0] = 1.0
             forget()
+            measured_for(decoder_of(model), policy=policy)  # the decodes below learn under this policy
             model.generate(inputs[0], max_new_tokens=128, assistant_mode="auto")  # the bench's warm-up
             throughput, chosen = run(assistant_mode="auto")
             scores.append(throughput / fixed[best])
@@ -119,8 +116,6 @@ def main() -> None:
             print(f"{config or 'as shipped'} seed {seed}: auto/best {scores[-1]:.4f}, chose",
                   dict(zip(arms.tolist(), (counts / counts.sum()).round(2).tolist(), strict=True)), flush=True)
         print(f"{config or 'as shipped'}: mean {np.mean(scores):.4f}, worst {min(scores):.4f}")
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
 
 
 if __name__ == "__main__":

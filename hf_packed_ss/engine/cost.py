@@ -6,7 +6,7 @@ the median of its recent calls. Between measured row counts the cost, made non-d
 interpolated piecewise linearly, so a cheaper path for 1-row calls, or a step where a kernel changes, is
 followed instead of being averaged into one straight line.
 Calls that ask the drafter and calls that do not are kept apart: on a LoRA drafter the first pay the adapter.
-Prompt calls (past `EXACT` rows) are pooled across the two kinds and read linearly in rows: the prompt is most of
+Prompt calls (past `policy.exact` rows) are pooled across the two kinds and read linearly in rows: the prompt is most of
 their cost, and each prompt length comes once.
 
 One `CallCost` per model, device, dtype and thread count lives for the process (`Measured`); `hf-packed-ss
@@ -24,25 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .policy import AUTO_POLICY, AutoPolicy
+
 VERIFY, DRAFT = "verify", "draft"  # a call without drafter rows (AR), and one with them
 KINDS = (VERIFY, DRAFT)
-RECENT = 48  # a row count's cost is the median of its last RECENT calls (one call of this CPU ranges 2x: a short
-# window keeps the speed of the stretch it was last timed in for the rest of a run)
-EXACT, BUCKET = 64, 16  # row counts past EXACT (prompt calls) share a point per BUCKET rows
 _STAMPS = itertools.count()  # every smoothed curve gets a new stamp: a key for what is computed from it
 
 
-def _key(rows: int) -> int:
-    """Row counts past EXACT share a key (above EXACT, so a prompt never lands on a decoding row count)."""
-    return rows if rows <= EXACT else EXACT + 1 + (rows - EXACT - 1) // BUCKET * BUCKET
-
-
 def _interpolate(xs: list[int], ys: list[float], rows: int) -> float | None:
-    """ys at `rows`: linear between the nearest xs, the end segment's slope beyond them (never below half the
-    nearest point); None without points."""
+    """ys at `rows` (a key): linear between the nearest xs, the end segment's slope beyond them (never below half
+    the nearest point); None without points."""
     if not xs:
         return None
-    rows = _key(rows)
     i = bisect.bisect_left(xs, rows)
     if len(xs) == 1 or (i < len(xs) and xs[i] == rows):
         return ys[min(i, len(xs) - 1)]
@@ -56,24 +49,33 @@ def _interpolate(xs: list[int], ys: list[float], rows: int) -> float | None:
 @dataclass
 class CallCost:
     """Seconds per iteration by call kind and row count: ``points[kind][rows] = [seconds, calls]``, seconds the
-    median of that row count's last `RECENT` calls (a first call of a shape, which builds its templates, or a
-    pause of the machine does not move it)."""
+    median of that row count's last `policy.recent` calls (a first call of a shape, which builds its templates,
+    or a pause of the machine does not move it)."""
 
     points: dict[str, dict[int, list[float]]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    policy: AutoPolicy = AUTO_POLICY
     recent: dict[tuple[str, int], deque] = field(default_factory=dict, repr=False)
     timed: int = 0  # calls observed
     ordered: dict[tuple[str, int], list] = field(default_factory=dict, repr=False)
     _smooth: dict[str, tuple] = field(default_factory=dict, repr=False)  # kind -> (xs, ys, stamp)
 
+    def key(self, rows):
+        """The point a row count is kept at: itself, or past `policy.exact` (prompt calls) one per `policy.bucket`
+        rows (above `exact`, so a prompt never lands on a decoding row count); an int or an array of them."""
+        exact, bucket = self.policy.exact, self.policy.bucket
+        if isinstance(rows, np.ndarray):
+            return np.where(rows > exact, exact + 1 + (rows - exact - 1) // bucket * bucket, rows)
+        return rows if rows <= exact else exact + 1 + (rows - exact - 1) // bucket * bucket
+
     def observe(self, kind: str, rows: int, seconds: float) -> None:
         """One timed iteration. The first call of a decoding row count in the process is not kept: it builds that
         shape's templates and buffers, which its later calls reuse."""
-        key = _key(rows)
+        key = self.key(rows)
         self.timed += 1
         times = self.recent.get((kind, key))
         if times is None:
-            times = self.recent[kind, key] = deque(maxlen=RECENT)
-            if key not in self.points[kind] and key <= EXACT:  # a prompt's length comes once: its call is kept
+            times = self.recent[kind, key] = deque(maxlen=self.policy.recent)
+            if key not in self.points[kind] and key <= self.policy.exact:  # a prompt's length comes once: kept
                 return
         ordered = self.ordered.get((kind, key))  # the window, sorted: its median at hand
         if ordered is None:
@@ -93,7 +95,7 @@ class CallCost:
             times.clear()
         self.ordered.clear()
         for kind, table in self.points.items():
-            for rows in [r for r in table if r <= EXACT and r not in keep.get(kind, ())]:
+            for rows in [r for r in table if r <= self.policy.exact and r not in keep.get(kind, ())]:
                 del table[rows]
         self._smooth.clear()
 
@@ -126,17 +128,17 @@ class CallCost:
     def predict(self, kind: str, rows: int) -> float | None:
         """Seconds for one iteration whose call has `rows` rows: `predict_many` of one, in plain Python (it runs
         between two model calls, where a few numpy calls on cold caches cost more than the arithmetic). A prompt
-        call (past `EXACT` rows) is read off the prompt calls of both kinds (its rows are most of its cost,
+        call (past `policy.exact` rows) is read off the prompt calls of both kinds (its rows are most of its cost,
         whichever the kind), linear in rows; None before any was timed."""
-        if rows > EXACT:
-            return self._prompt(_key(rows))
+        if rows > self.policy.exact:
+            return self._prompt(self.key(rows))
         return _interpolate(*self._smoothed(kind)[:2], rows)
 
     def _prompt(self, rows: int) -> float | None:
         pooled: dict[int, list[float]] = {}
         for table in self.points.values():
             for r, point in table.items():
-                if r > EXACT:
+                if r > self.policy.exact:
                     pooled.setdefault(r, []).append(point[0])
         xs = sorted(pooled)
         return _interpolate(xs, [sum(pooled[x]) / len(pooled[x]) for x in xs], rows)
@@ -149,7 +151,7 @@ class CallCost:
         if not xs:
             return None
         x, y = np.asarray(xs, dtype=float), np.asarray(ys)
-        rows = np.where(rows > EXACT, EXACT + 1 + (rows - EXACT - 1) // BUCKET * BUCKET, rows)  # `_key` of each
+        rows = self.key(rows)
         if len(xs) == 1:
             return np.full(rows.shape, y[0])
         value = np.interp(rows, x, y)
@@ -161,30 +163,30 @@ class CallCost:
 
     def snapshot(self) -> CallCost:
         """A copy that predicts what this one predicts now and does not learn further (what a forecast uses)."""
-        return CallCost({k: {r: list(p) for r, p in table.items()} for k, table in self.points.items()})
+        return CallCost({k: {r: list(p) for r, p in table.items()} for k, table in self.points.items()}, self.policy)
 
     def to_dict(self) -> dict:
         return {kind: {str(r): p for r, p in sorted(table.items())} for kind, table in self.points.items()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> CallCost:
+    def from_dict(cls, data: dict, policy: AutoPolicy = AUTO_POLICY) -> CallCost:
         unknown = sorted(set(data) - set(KINDS) - {"key"})
         if unknown:
             raise ValueError(f"A cost model holds the kinds {list(KINDS)}; this one has {unknown}: write it with "
                              "`hf-packed-ss probe --cost-model FILE`.")
-        cost = cls({k: {int(r): [float(p[0]), float(p[1])] for r, p in data.get(k, {}).items()} for k in KINDS})
+        cost = cls({k: {int(r): [float(p[0]), float(p[1])] for r, p in data.get(k, {}).items()} for k in KINDS}, policy)
         for kind, table in cost.points.items():  # a file's value is the first of its row count's window
             for rows, point in table.items():
-                cost.recent[kind, rows] = deque([point[0]], maxlen=RECENT)
+                cost.recent[kind, rows] = deque([point[0]], maxlen=policy.recent)
         return cost
 
     def save(self, path: str | Path, key: tuple = ()) -> None:
         Path(path).write_text(json.dumps({"key": [str(x) for x in key], **self.to_dict()}, indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> CallCost:
+    def load(cls, path: str | Path, policy: AutoPolicy = AUTO_POLICY) -> CallCost:
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            return cls.from_dict(json.loads(Path(path).read_text()), policy)
         except (OSError, json.JSONDecodeError, TypeError, IndexError) as error:
             raise ValueError(f"cost_model={str(path)!r} is not a cost model file ({error}); write one with "
                              "`hf-packed-ss probe --model MODEL --cost-model FILE`.") from None

@@ -320,10 +320,11 @@ def call_rows(layout, width: int) -> tuple[int, tuple[int, ...]]:
 
 class AutoSchedule(PackedSSSchedule):
     """`assistant_mode="auto"` (and `speculative_width="auto"`): before every call a `WidthChooser` picks AR or
-    Packed-SS at one of `widths` by predicted throughput; every arm is exact, so the output is AR's whatever it
-    picks. An AR call drops the draft; a wider call than the last one verifies what the draft has (the draft
-    was cut to W by `PackedSSSchedule.plan` when it narrows). Each verification reports how far past its
-    drafter's prefix every draft token sat and how many survived (the acceptance profile)."""
+    Packed-SS at one of `widths` by predicted throughput, by the policy `measured` runs by (`policy.AutoPolicy`);
+    every arm is exact, so the output is AR's whatever it picks. An AR call drops the draft; a wider call than
+    the last one verifies what the draft has (the draft was cut to W by `PackedSSSchedule.plan` when it narrows).
+    Each verification reports how far past its drafter's prefix every draft token sat and how many survived (the
+    acceptance profile)."""
 
     name = "auto"
 

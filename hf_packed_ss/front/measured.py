@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..engine.cost import CallCost
+from ..engine.policy import AUTO_POLICY, AutoPolicy
 from ..engine.width import Measured
 
 _MEASURED: dict[tuple, Measured] = {}
@@ -28,13 +29,18 @@ def measured_key(model, batched: bool = False) -> tuple:
             "batch" if batched else "one")
 
 
-def measured_for(model, batched: bool = False, cost_model: str | Path | None = None) -> Measured:
+def measured_for(model, batched: bool = False, cost_model: str | Path | None = None,
+                 policy: AutoPolicy | None = None) -> Measured:
     """The process's `Measured` for `model`; a `cost_model` file (from `hf-packed-ss probe --cost-model`) replaces
-    its call cost when it names another file than the one it last started from."""
+    its call cost when it names another file than the one it last started from; a `policy` other than the one it
+    runs by starts it afresh under that one (`docs/experiments/auto_sim.py`)."""
     key = measured_key(model, batched)
-    measured = _MEASURED.setdefault(key, Measured())
+    measured = _MEASURED.get(key)
+    if measured is None or (policy is not None and measured.policy != policy):
+        measured = _MEASURED[key] = Measured.under(policy or AUTO_POLICY)
+        _SOURCES.pop(key, None)
     if cost_model is not None and _SOURCES.get(key) != str(cost_model):
-        measured.cost = CallCost.load(cost_model)
+        measured.cost = CallCost.load(cost_model, measured.policy)
         _SOURCES[key] = str(cost_model)
     return measured
 
