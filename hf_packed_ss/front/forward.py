@@ -74,6 +74,39 @@ def _step(model: torch.nn.Module, cache_kw: str):
     return types.FunctionType(step.__code__.replace(), step.__globals__, "step", None, step.__closure__)
 
 
+class InductorOptions:
+    """A `with` that sets inductor's global config to the `options` of `compile_kwargs` (`torch.compile`'s) and
+    restores it after. torch 2.13 reads `freezing` from the global config when a graph is first run, not from
+    `torch.compile(options=...)`: given only there, the weights stay graph inputs and every linear runs as
+    `aten::mm`, never as a prepacked oneDNN linear (in bfloat16 on this CPU a frozen call of 12 rows costs about
+    0.7x an unfrozen one). Freezing applies to a reduced-precision model (`dtype`) only: in float32 the packed
+    kernels round otherwise than eager's (a compiled stock `generate` then leaves our AR mode's tokens), and
+    there the promise is every schedule token-identical to stock. Two attribute writes per call."""
+
+    def __init__(self, compile_kwargs: dict | None, dtype: torch.dtype):
+        kwargs = compile_kwargs or {}
+        inductor = kwargs.get("backend", "inductor") == "inductor"
+        self.options = dict(kwargs.get("options") or {}) if inductor else {}
+        if dtype not in (torch.bfloat16, torch.float16):
+            self.options.pop("freezing", None)
+        self.saved: dict = {}
+
+    def __enter__(self) -> None:
+        if self.options:
+            from torch._inductor import config
+
+            self.saved = {k: getattr(config, k) for k in self.options}
+            for k, v in self.options.items():
+                setattr(config, k, v)
+
+    def __exit__(self, *exc) -> None:
+        if self.options:
+            from torch._inductor import config
+
+            for k, v in self.saved.items():
+                setattr(config, k, v)
+
+
 class _Compiled:
     """What both static forwards share: the compiled graph, its compile time, and a proposal-only adapter's rows."""
 
@@ -81,6 +114,7 @@ class _Compiled:
         self.model, self.cache_kw = model, cache_keyword(model)
         self.mask_token_id = model.config.mask_token_id
         self.graph = None if compile_kwargs is None else torch.compile(step(model, self.cache_kw), **compile_kwargs)
+        self.options = InductorOptions(compile_kwargs, model.dtype)
         self.compile_time_s = 0.0
         self._gates: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -97,7 +131,8 @@ class _Compiled:
                 gate.rows = self._gates[rows, start] = torch.arange(rows, device=inputs[0].device) >= start
         graphs, tic = _GRAPHS["unique_graphs"], time.perf_counter()
         try:
-            logits = self.graph(*inputs)
+            with self.options:
+                logits = self.graph(*inputs)
         finally:
             if gate is not None:
                 gate.rows = None

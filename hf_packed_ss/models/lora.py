@@ -49,47 +49,56 @@ SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class _Group:
-    """The adapters of sibling projections that share an input, fused: ``A`` stacked, ``B`` block-diagonal with
-    each adapter's scaling folded in. The first sibling computes every update and holds them for the others
-    (checked by the input's identity: a model that feeds them different inputs falls back to its own)."""
+    """The adapters of sibling projections that share an input (or of one projection), fused: ``A`` stacked, ``B``
+    block-diagonal with each adapter's scaling folded in, both in the base layer's dtype (a bfloat16 model's
+    adapter matmuls run as bfloat16 ones, prepacked when compiled, not as float32 ones beside a cast of their
+    input). The first sibling computes every update and holds them for the others (checked by the input's
+    identity: a model that feeds them different inputs falls back to its own)."""
 
     def __init__(self, layers: list[nn.Module], name: str):
         self.layers = layers
         a = [layer.lora_A[name].weight for layer in layers]
         b = [layer.lora_B[name].weight * layer.scaling[name] for layer in layers]
-        self.a = torch.cat(a).detach()
-        self.b = torch.block_diag(*b).detach()
+        base = getattr(layers[0].base_layer, "weight", None)
+        dtype = base.dtype if base is not None and base.dtype.is_floating_point else a[0].dtype
+        self.a = torch.cat(a).detach().to(dtype)
+        self.b = torch.block_diag(*b).detach().to(dtype)
         self.sizes = [w.shape[0] for w in b]
         self.name = name
         self.held: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
-    def update(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """`layer`'s scaled update for `x`, or None when this group cannot serve it."""
+    def update(self, layer: nn.Module, x: torch.Tensor, start: int = 0) -> torch.Tensor | None:
+        """`layer`'s scaled update for rows `start:` of `x`, or None when this group cannot serve it."""
         if layer.active_adapters != [self.name] or self.a.device != x.device:
             return None
         if layer is self.layers[0]:
-            h = F.linear(F.linear(x.to(self.a.dtype), self.a), self.b)
+            h = F.linear(F.linear(x[..., start:, :].to(self.a.dtype), self.a), self.b)
             self.held = x, h.split(self.sizes, dim=-1)
         if self.held is None or self.held[0] is not x:
             return None
-        return self.held[1][self.layers.index(layer)]
+        i = self.layers.index(layer)
+        update = self.held[1][i]
+        if i == len(self.layers) - 1:  # the last sibling: hold nothing past the layer (in a compiled graph a
+            self.held = None  # held tensor would be one more graph output, kept alive and set back after each call)
+        return update
 
 
 def _groups(model: nn.Module, layers: list[nn.Module]) -> dict[int, _Group]:
-    """Each LoRA layer of `model` in a group of siblings that share an input (`SHARED_INPUT`), by id; plain
-    single-adapter LoRA on unsharded weights only."""
+    """Each LoRA layer of `model` in a group, by id: with its siblings that share an input (`SHARED_INPUT`), else
+    alone; plain single-adapter LoRA on unsharded weights only."""
     wanted = {id(m) for m in layers}
     by_parent: dict[tuple[str, tuple], list[tuple[int, nn.Module]]] = {}
     for qualified, layer in model.named_modules():
+        if id(layer) not in wanted:
+            continue
         parent, _, leaf = qualified.rpartition(".")
-        for group in SHARED_INPUT:
-            if id(layer) in wanted and leaf in group:
-                by_parent.setdefault((parent, group), []).append((group.index(leaf), layer))
+        group = next((g for g in SHARED_INPUT if leaf in g), (leaf,))
+        by_parent.setdefault((parent, group), []).append((group.index(leaf), layer))
     out = {}
     for members in by_parent.values():
         members = [m for _, m in sorted(members, key=lambda pair: pair[0])]
         adapters = {tuple(m.active_adapters) for m in members}
-        if len(members) < 2 or len(adapters) != 1 or len(next(iter(adapters))) != 1:
+        if len(adapters) != 1 or len(next(iter(adapters))) != 1:
             continue
         name = members[0].active_adapters[0]
         if any(name not in m.lora_A or hasattr(m.lora_A[name].weight, "device_mesh")
@@ -132,9 +141,9 @@ class _RowGate:
             tail = x[..., start:, :].reshape(-1, x.shape[-1])  # rows as one matrix: a view at batch size 1
             out = result[..., start:, :]
             group = self.groups.get(id(layer)) if not layer.training else None
-            fused = group.update(layer, x) if group is not None else None
+            fused = group.update(layer, x, start) if group is not None else None
             if fused is not None:
-                out.add_(fused[..., start:, :].to(out.dtype))
+                out.add_(fused.to(out.dtype))
                 return result
             for name in layer.active_adapters:
                 if name in layer.lora_A:  # functional calls: this runs for every projection of every layer
@@ -168,9 +177,11 @@ def install_gate(model: nn.Module):
     the returned `remove()` is called; outside a marked forward no row gets the update, so a plain forward
     (stock `generate`) is the untouched base model. Returns None when there is nothing to gate or a gate is
     already installed."""
+    if getattr(model, "_hf_packed_ss_gate", None) is not None:  # before walking the modules: a decode's calls ask
+        return None
     layers = _lora_layers(model)
     mask_embedding = getattr(model, "_hf_packed_ss_mask_embedding", None)
-    if (not layers and mask_embedding is None) or getattr(model, "_hf_packed_ss_gate", None) is not None:
+    if not layers and mask_embedding is None:
         return None
     for m in layers:  # LoRA on linear layers (plain or quantized bases), no DoRA or other variant
         linear = all(isinstance(a, nn.Linear) for a in m.lora_A.values()) and not getattr(m, "lora_embedding_A", {})

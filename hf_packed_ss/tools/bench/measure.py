@@ -19,6 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
 from ...front.families import MODES
+from ...front.forward import InductorOptions
 from .record import Record, stats_fields
 from .statistics import rotation
 from .suites import Prompt
@@ -257,9 +258,11 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
         kwargs["prompt_lookup_num_tokens"] = lookup
     if compiled:
         kwargs |= settings.compiled(PROMPT_LOOKUP if lookup else STOCK)
+        options = InductorOptions({"options": kwargs["compile_config"].options}, model.dtype)  # stock frozen as ours is
         sync(ids.device)
         start = time.perf_counter()
-        out = model.generate(ids, **kwargs)
+        with options:
+            out = model.generate(ids, **kwargs)
         sync(ids.device)
         wall = time.perf_counter() - start
         new = out[0, ids.shape[1]:]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from ...front.forward import InductorOptions
 from ...modeling import cache_keyword
 from .measure import sync
 
@@ -81,6 +82,7 @@ def bare_call(model, rows: int, capacity: int, compile_kwargs: dict | None, cont
                        **{cache_kw: cache}).logits
 
     graph = forward if compile_kwargs is None else torch.compile(forward, **compile_kwargs)
+    options = InductorOptions(compile_kwargs, decoder.dtype)  # what our compiled forwards run under
     with torch.inference_mode():
         prompt = torch.randint(vocab, (1, context), generator=g).to(device)
         forward(prompt, torch.arange(context, device=device)[None], causal(0, context))
@@ -88,7 +90,7 @@ def bare_call(model, rows: int, capacity: int, compile_kwargs: dict | None, cont
               torch.arange(context, context + rows, device=device)[None], causal(context, rows))
 
     def call() -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), options:
             graph(*inputs)
             cache.crop(-rows)  # back to the prompt: the static layers move their position back
             sync(device)
