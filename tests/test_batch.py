@@ -680,3 +680,20 @@ def test_generate_with_admit_decodes_joining_rows_as_alone(trained):
             assert [t for put in streamer.puts[1:] for t in put] == alone.sequences[0, p.numel():].tolist()
             assert streamer.ended and stats[id(streamer)].nfe == alone.decoding_stats.nfe
         assert len(out.decoding_stats.per_row) == 4 and out.sequences.shape[0] == 2
+
+
+def test_a_layout_subclass_that_changes_its_calls_decodes_row_by_row():
+    """Lockstep runs a layout's `steady_call` template, so a subclass whose `build` differs, with no template of
+    its own, must take the per-row path (where its own calls run)."""
+    from hf_packed_ss.engine import Greedy
+    from hf_packed_ss.engine.batch import tensorised
+    from hf_packed_ss.engine.layouts.shifted_block import ShiftedBlockLayout
+    from hf_packed_ss.engine.schedules import PackedSSSchedule
+
+    class Rewritten(ShiftedBlockLayout):
+        def build(self, plan, state):
+            return super().build(plan, state)
+
+    schedules = [PackedSSSchedule(3, Greedy()) for _ in range(2)]
+    assert tensorised(schedules, [ShiftedBlockLayout(5) for _ in range(2)], None, None)
+    assert not tensorised(schedules, [Rewritten(5) for _ in range(2)], None, None)

@@ -39,8 +39,17 @@ def tensorised(schedules: Sequence, layouts: Sequence, processors, stop) -> bool
     return (not processors and stop is None and type(first) in (ARSchedule, PackedSSSchedule)
             and all(type(s) is type(first) and s.width == first.width and type(s.acceptance) is Greedy
                     and not s.scores_order and s.stop_at_eos and s.context_length is None for s in schedules)
-            and all(type(layout) is type(layouts[0]) and callable(getattr(layout, "steady_call", None))
-                    for layout in layouts))
+            and all(type(layout) is type(layouts[0]) for layout in layouts) and describes_its_calls(layouts[0]))
+
+
+def describes_its_calls(layout) -> bool:
+    """Whether `layout.steady_call` describes the calls `layout.build` makes: both come from one class, so a
+    subclass that changes `build` (and not `steady_call`) decodes row by row, never on a template it does not
+    make."""
+    def owner(name: str):
+        return next((k for k in type(layout).__mro__ if name in vars(k)), None)
+
+    return callable(getattr(layout, "steady_call", None)) and owner("steady_call") is owner("build")
 
 
 def decode_batch(forward: BatchForward, schedules: Sequence, layouts: Sequence, prompts: Sequence[torch.Tensor],
