@@ -261,8 +261,9 @@ def decode_static(decoder, config: GenerationConfig, schedules, layouts, prompts
 
 # Inductor's options on the CPU when a CompileConfig names none (its default mode, CUDA graphs, means nothing
 # there): weights frozen into the graph, so the linears run oneDNN kernels on weights packed once instead of
-# repacking them every call (bfloat16 with AVX512-BF16: a 16-row call about as fast as a 1-row one). The bench
-# gives stock the same.
+# repacking them every call (bfloat16 with AVX512-BF16: a 12-row call about as fast as a 1-row one). They take
+# effect through `forward.InductorOptions`, for bfloat16 and float16 models only; the bench gives stock the same. A
+# frozen graph holds the weights it was compiled with: one changed afterwards needs `torch._dynamo.reset()`.
 INDUCTOR_OPTIONS = {"freezing": True}
 
 
