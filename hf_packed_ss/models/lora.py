@@ -78,8 +78,8 @@ class _Group:
             return None
         i = self.layers.index(layer)
         update = self.held[1][i]
-        if i == len(self.layers) - 1:  # the last sibling: hold nothing past the layer (in a compiled graph a
-            self.held = None  # held tensor would be one more graph output, kept alive and set back after each call)
+        if i == len(self.layers) - 1:  # the last sibling: nothing stays held (alive) past the layer
+            self.held = None
         return update
 
 
