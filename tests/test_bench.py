@@ -94,6 +94,27 @@ def test_a_failing_schedule_becomes_an_error_row_and_is_dropped():
     assert m.complete_prompts() == [0, 1, 2]  # compared over the schedules still running
 
 
+
+def test_best_stock_names_the_stock_variants_that_failed():
+    """A best-stock baseline over the stock variants that ran says which did not (a crashed stock+compile must
+    not read as 'stock eager was the fastest stock')."""
+    import argparse
+
+    from hf_packed_ss.tools.bench.command import BEST_STOCK, summarise
+    from hf_packed_ss.tools.bench.measure import Settings
+
+    def fail(schedule, prompt, n):
+        if schedule == "stock+compile":
+            raise RuntimeError("index out of bounds")
+
+    m = run_interleaved(_fake_decode([], fail), ["ar", "stock", "stock+compile"], PROMPTS, INPUTS, progress=False)
+    args = argparse.Namespace(baseline=BEST_STOCK, suite="sample", resamples=100, seed=0)
+    out = summarise(m, PROMPTS, args, Settings(8), {})
+    assert out["baseline"] == "stock"
+    assert "stock+compile failed" in out["baseline_note"]
+    m.errors.clear()
+    assert "failed" not in summarise(m, PROMPTS, args, Settings(8), {})["baseline_note"]
+
 # ---------------------------------------------------------------- ratios and bootstrap
 
 

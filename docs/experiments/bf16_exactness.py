@@ -19,10 +19,10 @@ import math
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig
 
 from hf_packed_ss import bundled
-from hf_packed_ss.front.generate import INDUCTOR_OPTIONS
+from hf_packed_ss.front.forward import InductorOptions
+from hf_packed_ss.tools.bench.measure import Settings
 from hf_packed_ss.tools.bench.suites import load_suite
 from hf_packed_ss.tools.loading import encode
 from hf_packed_ss.tools.quality import HELD_OUT_FILE
@@ -61,16 +61,16 @@ def main() -> int:
                + load_suite("humaneval")[-args.limit:])
     rows = []
     for mode in args.modes:
-        extra = {} if mode == "eager" else {
-            "cache_implementation": "static",
-            "compile_config": CompileConfig(mode=None, options=dict(INDUCTOR_OPTIONS), _compile_all_devices=True)}
+        extra = {} if mode == "eager" else Settings(args.max_new_tokens).compiled("stock")  # as the bench compiles
+        options = InductorOptions({"options": extra["compile_config"].options} if extra else None, model.dtype)
         for prompt in prompts:
             ids = encode(tokenizer, prompt, None)
             n = ids.shape[1]
 
-            def tokens(assistant_mode, ids=ids, n=n, extra=extra):
-                out = model.generate(ids, assistant_mode=assistant_mode, max_new_tokens=args.max_new_tokens,
-                                     do_sample=False, **extra)
+            def tokens(assistant_mode, ids=ids, n=n, extra=extra, options=options):
+                with options:  # stock's compiled forward frozen as ours is (our decoder sets this itself)
+                    out = model.generate(ids, assistant_mode=assistant_mode, max_new_tokens=args.max_new_tokens,
+                                         do_sample=False, **extra)
                 return out[0, n:].tolist()
 
             stock, ar = tokens(None), tokens("ar")

@@ -145,6 +145,9 @@ def summarise(m: Measurement, prompts: list[Prompt], args: argparse.Namespace, s
         totals = per_prompt_totals(kept, stock, complete)
         baseline = max(stock, key=lambda s: totals[s].tokens.sum() / totals[s].time_s.sum(), default=BEST_STOCK)
         note = f"baseline: the fastest stock variant, {baseline!r}"
+        failed = [s for s in m.schedules if s in m.errors and ScheduleName.parse(s).mode == STOCK]
+        if failed:  # the best stock is then only the best of those that ran: say so beside every ratio
+            note += f" of those that ran ({', '.join(failed)} failed: see Errors)"
     if baseline not in active and active:
         baseline, note = active[0], f"baseline {args.baseline!r} was not measured; ratios are to {active[0]!r}"
     ratios = {}
