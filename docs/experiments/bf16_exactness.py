@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from hf_packed_ss import bundled
-from hf_packed_ss.front.forward import InductorOptions
 from hf_packed_ss.tools.bench.measure import Settings
 from hf_packed_ss.tools.bench.suites import load_suite
 from hf_packed_ss.tools.loading import encode
@@ -62,15 +61,13 @@ def main() -> int:
     rows = []
     for mode in args.modes:
         extra = {} if mode == "eager" else Settings(args.max_new_tokens).compiled("stock")  # as the bench compiles
-        options = InductorOptions({"options": extra["compile_config"].options} if extra else None, model.dtype)
         for prompt in prompts:
             ids = encode(tokenizer, prompt, None)
             n = ids.shape[1]
 
-            def tokens(assistant_mode, ids=ids, n=n, extra=extra, options=options):
-                with options:  # stock's compiled forward frozen as ours is (our decoder sets this itself)
-                    out = model.generate(ids, assistant_mode=assistant_mode, max_new_tokens=args.max_new_tokens,
-                                         do_sample=False, **extra)
+            def tokens(assistant_mode, ids=ids, n=n, extra=extra):
+                out = model.generate(ids, assistant_mode=assistant_mode, max_new_tokens=args.max_new_tokens,
+                                     do_sample=False, **extra)  # stock unfrozen, as the bench runs it
                 return out[0, n:].tolist()
 
             stock, ar = tokens(None), tokens("ar")

@@ -19,7 +19,6 @@ from transformers.generation.streamers import BaseStreamer
 
 from ...engine.schedules import DEFAULT_BRANCHES, HYBRID, WINDOW_SCHEDULES, ARSchedule
 from ...front.families import MODES
-from ...front.forward import InductorOptions
 from .record import Record, stats_fields
 from .statistics import rotation
 from .suites import Prompt
@@ -258,11 +257,12 @@ def decode_stock(model, ids: torch.Tensor, settings: Settings, lookup: int = 0, 
         kwargs["prompt_lookup_num_tokens"] = lookup
     if compiled:
         kwargs |= settings.compiled(PROMPT_LOOKUP if lookup else STOCK)
-        options = InductorOptions({"options": kwargs["compile_config"].options}, model.dtype)  # stock frozen as ours is
+        # Unfrozen, as a user's compile of stock runs (torch.compile's options do not reach inductor): frozen, the
+        # second `generate` fails ("index out of bounds" in the cache's index_copy), stock's static cache being
+        # a new one per call while the frozen graph keeps the first one's tensors as constants.
         sync(ids.device)
         start = time.perf_counter()
-        with options:
-            out = model.generate(ids, **kwargs)
+        out = model.generate(ids, **kwargs)
         sync(ids.device)
         wall = time.perf_counter() - start
         new = out[0, ids.shape[1]:]
