@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--compile", action="store_true",
                      help="every schedule (stock included) with a static cache and torch.compile (ours with "
                           "frozen bfloat16 weights on the CPU), the fastest configuration on a CPU with native "
-                          "bfloat16; the warm-up compiles (about a minute per schedule on 2 CPU cores, cached on disk after)")
+                          "bfloat16; the warm-up compiles (about a minute per schedule on 2 CPU cores, cached on "
+                          "disk after)")
     run.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
                      help="time bare forwards of 1 and of each schedule's rows per call to explain the result")
     run.add_argument("--probe-iters", type=int, default=3, help="timed forwards per row count in the probe")
