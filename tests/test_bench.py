@@ -94,7 +94,6 @@ def test_a_failing_schedule_becomes_an_error_row_and_is_dropped():
     assert m.complete_prompts() == [0, 1, 2]  # compared over the schedules still running
 
 
-
 def test_best_stock_names_the_stock_variants_that_failed():
     """A best-stock baseline over the stock variants that ran says which did not (a crashed stock+compile must
     not read as 'stock eager was the fastest stock')."""
@@ -114,6 +113,7 @@ def test_best_stock_names_the_stock_variants_that_failed():
     assert "stock+compile failed" in out["baseline_note"]
     m.errors.clear()
     assert "failed" not in summarise(m, PROMPTS, args, Settings(8), {})["baseline_note"]
+
 
 # ---------------------------------------------------------------- ratios and bootstrap
 

@@ -67,7 +67,7 @@ def main() -> int:
 
             def tokens(assistant_mode, ids=ids, n=n, extra=extra):
                 out = model.generate(ids, assistant_mode=assistant_mode, max_new_tokens=args.max_new_tokens,
-                                     do_sample=False, **extra)  # stock unfrozen, as the bench runs it
+                                     do_sample=False, **extra)  # ours freezes its graphs; stock's runs unfrozen
                 return out[0, n:].tolist()
 
             stock, ar = tokens(None), tokens("ar")
