@@ -258,6 +258,35 @@ def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
     assert done.stdout.strip().endswith("packed_ss")
 
 
+@pytest.mark.parametrize("name", _adapters())
+def test_bundle_drafter_prunes_the_adapter_to_its_targets(tmp_path, name):
+    """`bundle_drafter(..., targets=)` keeps only those projections' adapters (weights and config), refuses a
+    projection the adapter never had, and the pruned drafter still decodes exactly as the base."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from hf_packed_ss.bundled.__main__ import main as bundled_main
+    from hf_packed_ss.models import smollm2
+
+    source = bundled.path(name)
+    kept = ["gate_proj", "up_proj"]
+    with pytest.raises(ValueError, match="not among the adapter's projections"):
+        bundled.bundle_drafter(source, "pruned", out=tmp_path / "bad", targets=["lm_head"])
+    assert bundled_main(["--out", str(tmp_path), "--run", str(source), "--name", "pruned", "--drafter",
+                         "--width", "2", "--targets", *kept]) == 0
+    folder = tmp_path / "pruned"
+    assert json.loads((folder / "adapter_config.json").read_text())["target_modules"] == kept
+    projections = {key.split(".")[-3] for key in load_file(folder / "adapter_model.safetensors")}
+    assert projections == set(kept)
+    assert len(load_file(folder / "adapter_model.safetensors")) < len(load_file(source / "adapter_model.safetensors"))
+    model, tokenizer = smollm2.load(folder)
+    assert model.generation_config.speculative_width == 2
+    ids = question_ids(tokenizer, "What is 12 + 30?")
+    stock = model.generate(ids, max_new_tokens=8, assistant_mode=None, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=8), stock)
+
+
 def test_none_options_fall_back_to_the_generation_config():
     """`speculative_width=None` (as a benchmark passes it) means the checkpoint's width, not the largest one;
     that width belongs to the config's own assistant_mode, other modes keep their defaults."""

@@ -122,10 +122,14 @@ def learning_curve(run: Path, seen: frozenset = frozenset()) -> list[dict]:
                       if not (earlier and r["step"] == 0)]  # its step 0 is the earlier run's last point
 
 
-def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path | None = None) -> Path:
+def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path | None = None,
+                   targets: list[str] | None = None) -> Path:
     """Copy a trained drafter run (PEFT adapter in bfloat16 + MASK embedding) to `out / name`, with the base
     model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in `adapter_config.json`,
-    and `width` in the generation config if given. `out` is required, as for `bundle`; returns `out / name`."""
+    and `width` in the generation config if given. `targets` keeps the adapters of those projections only (e.g.
+    the q/k/v and gate/up ones): each projection that keeps an adapter is a matmul pair in every proposal call, so
+    a pruned drafter is cheaper per call, at whatever tokens/NFE it keeps (chosen on dev prompts). `run` may be a
+    bundled folder itself (`out` elsewhere). `out` is required, as for `bundle`; returns `out / name`."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -136,10 +140,17 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
     out.mkdir(parents=True, exist_ok=True)
     for file in ("mask_embedding.safetensors", "generation_config.json", "training_args.json"):
         shutil.copy2(Path(run) / file, out / file)
+    config = json.loads((Path(run) / "adapter_config.json").read_text())
     adapter = load_file(Path(run) / "adapter_model.safetensors")  # bfloat16 halves the size; loading upcasts
+    if targets is not None:
+        unknown = sorted(set(targets) - set(config["target_modules"]))
+        if unknown or not targets:
+            raise ValueError(f"targets {unknown or targets} are not among the adapter's projections "
+                             f"{sorted(config['target_modules'])}; name one or more of those.")
+        adapter = {k: v for k, v in adapter.items() if k.split(".")[-3] in targets}  # ...<proj>.lora_A.weight
+        config["target_modules"] = sorted(targets)
     save_file({k: v.to(torch.bfloat16) for k, v in adapter.items()}, out / "adapter_model.safetensors",
               metadata={"format": "pt"})
-    config = json.loads((Path(run) / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = smollm2.HUB_ID
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     AutoTokenizer.from_pretrained(smollm2.base_folder()).save_pretrained(out)

@@ -1,6 +1,7 @@
 """Refresh a bundled checkpoint, written only into the folder given as --out.
 
-``python -m hf_packed_ss.bundled --out FOLDER [DATA] [--run RUN --name NAME [--drafter] [--width W]]``.
+``python -m hf_packed_ss.bundled --out FOLDER [DATA] [--run RUN --name NAME [--drafter [--targets P ...]]
+[--width W]]``.
 Without ``--run`` it rebuilds `tiny-nemotron-random` from a GSM8K train file (the optional positional DATA);
 with ``--run RUN --name NAME`` it copies a trained run (``--drafter``: a drafter adapter run) as NAME. Either
 way it writes only ``FOLDER/NAME``; in a source checkout ``--out hf_packed_ss/bundled`` refreshes the copy
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help=f"the bundled name (default: {RANDOM}; required with --run)")
     p.add_argument("--drafter", action="store_true", help="--run is a drafter adapter run (bundle_drafter)")
     p.add_argument("--width", type=int, default=None, help="speculative_width for the generation config (--run)")
+    p.add_argument("--targets", nargs="+", default=None, metavar="PROJ",
+                   help="--drafter: keep only these projections' adapters (e.g. q_proj k_proj v_proj gate_proj "
+                        "up_proj); default: all")
     return p
 
 
@@ -37,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.run is None:
-        if args.drafter or args.width is not None:
-            p.error("--drafter and --width apply to --run")
+        if args.drafter or args.width is not None or args.targets is not None:
+            p.error("--drafter, --width and --targets apply to --run")
         data = args.data or gsm8k_split("train")
         if not data.is_file():
             p.error(f"GSM8K train file not found at {data}: pass it as DATA or set the folder in {GSM8K_HELP}")
@@ -51,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("DATA applies to the rebuild of the random checkpoint, not to --run")
         name = args.name
         if args.drafter:
-            bundle_drafter(args.run, name, args.width, out=args.out)
+            bundle_drafter(args.run, name, args.width, out=args.out, targets=args.targets)
+        elif args.targets is not None:
+            p.error("--targets applies to a drafter run (--drafter)")
         else:
             bundle(args.run, name, args.width, out=args.out)
     print(args.out / name)
