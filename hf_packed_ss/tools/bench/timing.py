@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics as stats
 import time
+import types
 
 import numpy as np
 import torch
@@ -81,6 +82,9 @@ def bare_call(model, rows: int, capacity: int, compile_kwargs: dict | None, cont
         return decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
                        **{cache_kw: cache}).logits
 
+    # a code object of its own per call: dynamo counts graphs per code object, and a curve of many row counts and
+    # configurations in one process would pass its recompile limit (8) and time the rest eagerly
+    forward = types.FunctionType(forward.__code__.replace(), forward.__globals__, "forward", None, forward.__closure__)
     graph = forward if compile_kwargs is None else torch.compile(forward, **compile_kwargs)
     options = InductorOptions(compile_kwargs, decoder.dtype)  # what our compiled forwards run under
     with torch.inference_mode():
