@@ -2,8 +2,8 @@
 compiled twice in one process (two code objects, so two graphs): once with `freezing` only in
 `torch.compile(options=...)`, once with it set in inductor's config around each call (`front.forward.InductorOptions`,
 what our compiled forwards and the bench's stock+compile do; here forced for any dtype, where the package freezes
-bfloat16 and float16 only). Its own bare forward, not `bench.timing.bare_call`: that one's closure is one code
-object, so dynamo would reuse the first graph for the second setting. Interleaved medians, one thread.
+bfloat16 and float16 only). Its own bare forward, written before `bench.timing.bare_call` made a code object per
+call (it shared one, so dynamo reused the first graph for the second setting). Interleaved medians, one thread.
 
     python docs/experiments/freezing.py smollm2-135m-drafter bfloat16 15
 """
