@@ -273,6 +273,7 @@ def test_bundle_drafter_prunes_the_adapter_to_its_targets(tmp_path, name):
     kept = ["gate_proj", "up_proj"]
     with pytest.raises(ValueError, match="not among the adapter's projections"):
         bundled.bundle_drafter(source, "pruned", out=tmp_path / "bad", targets=["lm_head"])
+    assert not (tmp_path / "bad").exists()  # refused before writing anything
     assert bundled_main(["--out", str(tmp_path), "--run", str(source), "--name", "pruned", "--drafter",
                          "--width", "2", "--targets", *kept]) == 0
     folder = tmp_path / "pruned"

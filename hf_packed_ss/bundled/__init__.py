@@ -137,17 +137,16 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
     from ..models import smollm2
 
     out = _destination(out, "bundle_drafter", "hf_packed_ss/bundled") / name
+    config = json.loads((Path(run) / "adapter_config.json").read_text())
+    if targets is not None and (not targets or set(targets) - set(config["target_modules"])):
+        raise ValueError(f"targets {sorted(set(targets) - set(config['target_modules'])) or targets} are not among "
+                         f"the adapter's projections {sorted(config['target_modules'])}; name one or more of those.")
     out.mkdir(parents=True, exist_ok=True)
     for file in ("mask_embedding.safetensors", "generation_config.json", "training_args.json"):
         shutil.copy2(Path(run) / file, out / file)
-    config = json.loads((Path(run) / "adapter_config.json").read_text())
     adapter = load_file(Path(run) / "adapter_model.safetensors")  # bfloat16 halves the size; loading upcasts
-    if targets is not None:
-        unknown = sorted(set(targets) - set(config["target_modules"]))
-        if unknown or not targets:
-            raise ValueError(f"targets {unknown or targets} are not among the adapter's projections "
-                             f"{sorted(config['target_modules'])}; name one or more of those.")
-        adapter = {k: v for k, v in adapter.items() if k.split(".")[-3] in targets}  # ...<proj>.lora_A.weight
+    if targets is not None:  # keys end in <projection>.lora_A.weight / .lora_B.weight
+        adapter = {k: v for k, v in adapter.items() if k.split(".")[-3] in targets}
         config["target_modules"] = sorted(targets)
     save_file({k: v.to(torch.bfloat16) for k, v in adapter.items()}, out / "adapter_model.safetensors",
               metadata={"format": "pt"})
