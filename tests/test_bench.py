@@ -216,6 +216,23 @@ def test_suites(tmp_path):
     assert load_suite("gsm8k", data=str(SAMPLE), limit=3)[2].id == "gsm8k/2"  # --data replaces the shared file
 
 
+def test_the_code_suite_is_the_code_prompts_split(monkeypatch):
+    """`code:<split>` benches `tools.code_prompts`' split of the shuffled stubs, speed only; the splits are disjoint."""
+    from hf_packed_ss.tools import code_prompts
+
+    stubs = [f"def f{i}():\n    \"\"\"Doc {i}.\"\"\"\n" for i in range(100)]
+    monkeypatch.setattr(code_prompts, "stdlib_stubs", lambda: list(stubs))
+    held_out = load_suite("code:held_out", limit=3)
+    assert [p.text for p in held_out] == code_prompts.code_prompts("held_out", 3)
+    assert [p.id for p in held_out] == ["code-held_out/0", "code-held_out/1", "code-held_out/2"]
+    assert {p.grader for p in held_out} == {None}
+    splits = {s: {p.text for p in load_suite(f"code:{s}")} for s in code_prompts.SPLITS}
+    assert [len(v) for v in splits.values()] == [40, 40, 20]
+    assert not (splits["held_out"] & splits["dev"]) and not (splits["held_out"] & splits["train"])
+    with pytest.raises(SystemExit, match="code:dev, code:held_out, code:train"):
+        load_suite("code:test")
+
+
 def test_the_gsm8k_folder_comes_from_one_environment_variable(tmp_path, monkeypatch):
     """`HF_PACKED_SS_GSM8K` names the folder of train.jsonl / test.jsonl for the bench, quality and train (read
     when used); unset, it is ../shared/data/gsm8k beside the source checkout; without the files the tools that can

