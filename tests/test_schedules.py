@@ -165,6 +165,21 @@ def test_theorem_check_has_power():
     assert worse > 0
 
 
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
+def test_packed_ss_ceiling_is_half_the_width_plus_one(width):
+    """With every draft right, Packed-SS alternates calls that accept A and W - A + 1 tokens (a call's first A
+    proposals sit where it accepts: Algorithm 1, line 10), so it makes (W + 1) / 2 tokens per call, a drafter's
+    ceiling at that width; Quadratic-SS, drafting from every acceptance boundary, makes W + 1."""
+    from hf_packed_ss.engine.rows import MASK, model_free_calls
+
+    new = 2 * 3 * 4 * 5 * 9  # a multiple of every cycle, so the ratio is exact
+    packed = model_free_calls(SCHEDULES["packed_ss"](width), ShiftedBlockLayout(MASK), True, new)
+    assert new / len(packed) == pytest.approx((width + 1) / 2, rel=0.02)
+    assert new / len(model_free_calls(SCHEDULES["packed_ss"](width), ShiftedBlockLayout(MASK), False, new)) == 1.0
+    quadratic = model_free_calls(SCHEDULES["quadratic_ss"](width), ShiftedBlockLayout(MASK), True, new)
+    assert new / len(quadratic) == pytest.approx(width + 1, rel=0.02)
+
+
 @pytest.mark.parametrize("family", ["prefix", "any_order"])
 def test_static_shapes_is_a_generate_option(family):
     """`generate(..., static_shapes=True)` keeps one call shape per schedule and width (appendix D.3) and decodes
