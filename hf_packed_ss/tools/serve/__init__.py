@@ -38,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
                    "listens on every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL's name)")
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto (default): bfloat16 where the hardware runs "
+                   "it natively (CUDA, AVX512-BF16/AMX CPUs), else float32; float32/float64 keep every schedule "
+                   "token-identical to AR, bfloat16 only AR to stock generate (a schedule may leave AR at a near-tie)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--assistant-mode", default=None, help="the schedule for requests that name none (default: the "
