@@ -95,6 +95,8 @@ class TrainConfig:
     code_answers: int = 0  # drafter only: and to this many stdlib code prompts (`code_prompts`, train split)
     answer_batch: int = 16  # drafter only: questions the base answers per batched generate call
     lora_targets: str = ",".join(DRAFTER_TARGETS)  # drafter only: the projections that carry the adapter
+    hard_targets: float = 0.0  # drafter only: share of the loss that is cross-entropy with the base's argmax token
+    # (what greedy verification accepts) instead of KL from its whole distribution
     init: str = ""  # a trained run folder (either format, same tokenizer) whose stack and head start this run
     self_distill: int = 0  # joint formats, with --init: train on the init model's own greedy answers to this many
     augment: float = 0.0  # joint formats: share of examples written in another prompt format (`FORMATS`)
@@ -212,7 +214,9 @@ def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) 
 
 
 def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks.
+    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks, mixed with cross-entropy with the
+    base's argmax token by `cfg.hard_targets`: greedy verification accepts a draft token only if it is that argmax,
+    so the hard target spends the adapter's capacity on the top token rather than on the tail of the distribution.
 
     `example` is a `DrafterExample`. The verifier (the untouched base: the adapter is off outside proposal rows)
     runs the sequence once without gradients, over the cached KV of its shared prompt head: that gives the
@@ -248,9 +252,12 @@ def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tupl
     with proposal_rows(inner, 0):  # every row of this call drafts
         student = _wide(inner(input_ids=block_ids.reshape(1, -1), position_ids=block_pos[None], use_cache=True,
                               attention_mask=mask[None, None], logits_to_keep=student_rows, **kw).logits[0])
-    kl = F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
-    agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
-    return kl, {"kl": kl.item(), "argmax_agreement": agree.item()}
+    log_q, top = student.log_softmax(-1), teacher.argmax(-1)
+    kl = F.kl_div(log_q, teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+    ce = F.nll_loss(log_q, top)
+    agree = (student.argmax(-1) == top).float().mean()
+    loss = (1 - cfg.hard_targets) * kl + cfg.hard_targets * ce
+    return loss, {"kl": kl.item(), "ce": ce.item(), "argmax_agreement": agree.item()}
 
 
 LOSSES = {"nemotron": nemotron_loss, "setdlm": setdlm_loss, "drafter": drafter_loss}
