@@ -66,7 +66,7 @@ def test_drafter_step_lowers_its_loss_and_never_touches_the_verifier(hard_target
             format="drafter", block_size=4, blocks=6, hard_targets=0.25), torch.Generator().manual_seed(0))
         with torch.no_grad():
             after = model(ids).logits  # outside proposal rows: no adapter, no MASK offset
-    # the KL falls 20%; the argmax targets of a random base are near arbitrary labels, which a rank-4 adapter fits slowly
+    # the KL falls 20%; a random base's argmax targets are near arbitrary labels, which a rank-4 adapter fits slowly
     assert losses[-1] < (losses[0] * 0.8 if not hard_targets else losses[0] - 0.2)
     assert torch.equal(before, after) and embedding.delta.abs().sum() > 0
     assert parts["ce"] != parts["kl"] and mixed.item() == pytest.approx(0.75 * parts["kl"] + 0.25 * parts["ce"])

@@ -214,9 +214,25 @@ def setdlm_loss(model, x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) 
 
 
 def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks, mixed with cross-entropy with the
-    base's argmax token by `cfg.hard_targets`: greedy verification accepts a draft token only if it is that argmax,
-    so the hard target spends the adapter's capacity on the top token rather than on the tail of the distribution.
+    """KL(base || drafter) at the MASK rows of `cfg.blocks` anchored blocks placed at random in the answer, mixed
+    with cross-entropy with the base's argmax token by `cfg.hard_targets`: greedy verification accepts a draft token
+    only if it is that argmax, so the hard target spends the adapter's capacity on the top token rather than on the
+    tail of the distribution."""
+    n, b = example.ids.shape[1], cfg.block_size
+    anchors = torch.randint(example.answer_start - 1, n - b + 1, (cfg.blocks,), generator=gen)
+    student, teacher = drafter_logits(model, example, anchors, b)
+    log_q, top = student.log_softmax(-1), teacher.argmax(-1)
+    kl = F.kl_div(log_q, teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+    ce = F.nll_loss(log_q, top)
+    agree = (student.argmax(-1) == top).float().mean()
+    loss = (1 - cfg.hard_targets) * kl + cfg.hard_targets * ce
+    return loss, {"kl": kl.item(), "ce": ce.item(), "argmax_agreement": agree.item()}
+
+
+def drafter_logits(model, example, anchors: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drafter, base) logits, ``(len(anchors) * (block_size - 1), vocab)`` each, at the MASK rows of the blocks
+    `[ids[a], MASK x (block_size - 1)]` anchored at `anchors`: row j of a block drafts the token j positions past its
+    anchor, and the base's row is its next-token distribution there (teacher-forced on `example.ids`).
 
     `example` is a `DrafterExample`. The verifier (the untouched base: the adapter is off outside proposal rows)
     runs the sequence once without gradients, over the cached KV of its shared prompt head: that gives the
@@ -228,11 +244,9 @@ def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tupl
     from ..modeling import cache_keyword
     from ..models.lora import proposal_rows
 
-    x, answer_start = example.ids, example.answer_start
-    n, b, k = x.shape[1], cfg.block_size, cfg.blocks
+    x, n, b, k = example.ids, example.ids.shape[1], block_size, len(anchors)
     inner = model.get_base_model()
     head = example.head_length
-    anchors = torch.randint(answer_start - 1, n - b + 1, (k,), generator=gen)
     offsets = torch.arange(b)
     block_pos = (anchors[:, None] + offsets).reshape(-1)
     block_ids = torch.full((k, b), inner.config.mask_token_id)
@@ -252,12 +266,7 @@ def drafter_loss(model, example, cfg: TrainConfig, gen: torch.Generator) -> tupl
     with proposal_rows(inner, 0):  # every row of this call drafts
         student = _wide(inner(input_ids=block_ids.reshape(1, -1), position_ids=block_pos[None], use_cache=True,
                               attention_mask=mask[None, None], logits_to_keep=student_rows, **kw).logits[0])
-    log_q, top = student.log_softmax(-1), teacher.argmax(-1)
-    kl = F.kl_div(log_q, teacher.log_softmax(-1), log_target=True, reduction="batchmean")
-    ce = F.nll_loss(log_q, top)
-    agree = (student.argmax(-1) == top).float().mean()
-    loss = (1 - cfg.hard_targets) * kl + cfg.hard_targets * ce
-    return loss, {"kl": kl.item(), "ce": ce.item(), "argmax_agreement": agree.item()}
+    return student, teacher
 
 
 LOSSES = {"nemotron": nemotron_loss, "setdlm": setdlm_loss, "drafter": drafter_loss}
