@@ -10,7 +10,7 @@ is what a call would accept if every draft started at offset 2; `replayed` runs 
 the same blocks (a call accepting A tokens leaves the next a draft from offset A + 1 of the block anchored where it
 started, Algorithm 1, line 10), which is what a decode makes, up to the first call and the answer's last B tokens.
 
-    python docs/experiments/drafter_offsets.py runs/drafter6 --block-size 8
+    python docs/experiments/drafter_offsets.py runs/pF --block-size 5     # docs/training.md, run 6
 """
 
 from __future__ import annotations
