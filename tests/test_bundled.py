@@ -261,13 +261,14 @@ def test_published_drafter_adapter_loads_in_a_fresh_process(tmp_path, name):
 @pytest.mark.parametrize("name", _adapters())
 def test_bundle_drafter_prunes_the_adapter_to_its_targets(tmp_path, name):
     """`bundle_drafter(..., targets=)` keeps only those projections' adapters (weights and config), refuses a
-    projection the adapter never had, and the pruned drafter still decodes exactly as the base."""
+    projection the adapter never had, and the pruned drafter, loaded from its folder as the commands load one
+    (`--model FOLDER`: once it went to the Hub for a config), still decodes exactly as the base."""
     import json
 
     from safetensors.torch import load_file
 
     from hf_packed_ss.bundled.__main__ import main as bundled_main
-    from hf_packed_ss.models import smollm2
+    from hf_packed_ss.tools.loading import load_model
 
     source = bundled.path(name)
     kept = ["gate_proj", "up_proj"]
@@ -281,7 +282,7 @@ def test_bundle_drafter_prunes_the_adapter_to_its_targets(tmp_path, name):
     projections = {key.split(".")[-3] for key in load_file(folder / "adapter_model.safetensors")}
     assert projections == set(kept)
     assert len(load_file(folder / "adapter_model.safetensors")) < len(load_file(source / "adapter_model.safetensors"))
-    model, tokenizer = smollm2.load(folder)
+    model, tokenizer = load_model(str(folder), torch.float32)  # as `bench --model FOLDER` loads a local adapter
     assert model.generation_config.speculative_width == 2
     ids = question_ids(tokenizer, "What is 12 + 30?")
     stock = model.generate(ids, max_new_tokens=8, assistant_mode=None, do_sample=False)

@@ -48,13 +48,18 @@ def path(name: str) -> Path:
 def load(name: str, dtype: torch.dtype | None = None):
     """Load a bundled checkpoint offline: returns `(model, tokenizer)`, model in eval mode (the model formats are
     registered: importing this module imported `hf_packed_ss` first)."""
-    folder = path(name)
-    if (folder / "adapter_config.json").is_file():  # a drafter for a base model installed separately
+    return load_folder(path(name), dtype)
+
+
+def load_folder(folder: Path, dtype: torch.dtype | None = None):
+    """`load` of a local folder of either kind: a checkpoint, or a drafter adapter (`adapter_config.json`) over
+    its base model installed separately (the SmolLM2 drafter, e.g. its Hub repo downloaded); never the network."""
+    if (Path(folder) / "adapter_config.json").is_file():
         from ..models import smollm2
 
         return smollm2.load(folder, dtype)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True).eval()
+    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:

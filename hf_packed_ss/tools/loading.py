@@ -21,8 +21,6 @@ QUESTION = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfas
 
 def load_model(name_or_path: str, dtype: torch.dtype):
     """A bundled checkpoint name or a local folder; never the network."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from .. import bundled
 
     if name_or_path in bundled.names():
@@ -31,8 +29,7 @@ def load_model(name_or_path: str, dtype: torch.dtype):
     if not folder.is_dir():
         raise SystemExit(f"--model {name_or_path!r} is neither a bundled checkpoint {bundled.names()} "
                          "nor a local folder.")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
-    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return bundled.load_folder(folder, dtype)
 
 
 def fastest_dtype(device: torch.device) -> torch.dtype:
