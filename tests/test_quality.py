@@ -27,6 +27,7 @@ from hf_packed_ss.tools.quality import (
     main,
     max_ngram_repeats,
     measure,
+    measure_widths,
     seen_test_indices,
     table,
     verdict,
@@ -176,6 +177,30 @@ def test_adapter_bar_compares_every_schedule_with_the_base_models_own_greedy_out
     else:
         assert all(r["differs_from_base"] == 0 for r in report.values())
         assert verdict(report, None, adapter=True) == "met"
+
+
+def test_several_widths_add_packed_ss_rows_and_the_bar_takes_the_best(tmp_path):
+    """`--width 2 3`: every schedule at W = 2, the speculative ones again at W = 3, each row marked with its
+    width; the tokens/NFE bar is judged at the best width, and the verdict names it."""
+    model, tokenizer = _drafter(tmp_path / "base")
+    questions = held_out_questions(2)
+    reference = base_greedy(adapter_base(model), tokenizer, questions, max_new_tokens=10)
+    report = measure_widths(model, tokenizer, questions, ["ar", "packed_ss"], [2, 3], max_new_tokens=10,
+                            reference=reference, reference_name="base")
+    assert list(report) == ["ar", "packed_ss", "packed_ss@3"]
+    assert [(r["mode"], r["width"]) for r in report.values()] == [("ar", 0), ("packed_ss", 2), ("packed_ss", 3)]
+    assert all(r["differs_from_base"] == 0 for r in report.values())
+    rows = [line for line in table(report, 2, "base").splitlines() if line.startswith("| packed_ss |")]
+    assert [row.split(" | ")[1] for row in rows] == ["2", "3"]
+    report["packed_ss"]["tokens_per_nfe"], report["packed_ss@3"]["tokens_per_nfe"] = 1.9, 2.1
+    assert verdict(report, 2.0, adapter=True) == "met at W = 3"
+    report["packed_ss@3"]["tokens_per_nfe"] = 1.95
+    assert "Packed-SS 1.95 tokens/NFE at best (W = 3) (at least 2.0)" in verdict(report, 2.0, adapter=True)
+
+
+def test_code_sets_are_for_adapter_drafters():
+    with pytest.raises(SystemExit):
+        main(["tiny-nemotron-random", "--limit", "1", "--held-out", "0", "--code", "1"])
 
 
 def test_a_joint_checkpoint_has_no_adapter_base():
