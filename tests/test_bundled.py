@@ -289,6 +289,43 @@ def test_bundle_drafter_prunes_the_adapter_to_its_targets(tmp_path, name):
     assert torch.equal(model.generate(ids, max_new_tokens=8), stock)
 
 
+def test_truncate_rank_keeps_the_best_approximation_of_each_update():
+    """A rank-2 update survives truncation to rank 2 exactly; truncating a full-rank one to k leaves the error of
+    the best rank-k approximation (the tail singular values), and the pair has rank-k shapes."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 12, generator=gen, dtype=torch.float64)
+    b = torch.randn(10, 2, generator=gen, dtype=torch.float64)
+    pad = {"x.q_proj.lora_A.weight": torch.cat([a, torch.zeros(2, 12, dtype=torch.float64)]),
+           "x.q_proj.lora_B.weight": torch.cat([b, torch.zeros(10, 2, dtype=torch.float64)], 1)}
+    exact = bundled.truncate_rank(pad, 2)
+    assert exact["x.q_proj.lora_A.weight"].shape == (2, 12) and exact["x.q_proj.lora_B.weight"].shape == (10, 2)
+    torch.testing.assert_close(exact["x.q_proj.lora_B.weight"] @ exact["x.q_proj.lora_A.weight"], b @ a)
+    full = {"y.up_proj.lora_A.weight": torch.randn(6, 12, generator=gen, dtype=torch.float64),
+            "y.up_proj.lora_B.weight": torch.randn(10, 6, generator=gen, dtype=torch.float64)}
+    update = full["y.up_proj.lora_B.weight"] @ full["y.up_proj.lora_A.weight"]
+    cut = bundled.truncate_rank(full, 3)
+    error = torch.linalg.matrix_norm(update - cut["y.up_proj.lora_B.weight"] @ cut["y.up_proj.lora_A.weight"])
+    tail = torch.linalg.svdvals(update)[3:]
+    torch.testing.assert_close(error, tail.square().sum().sqrt())
+
+
+def test_bundle_drafter_rank_rescales_alpha_and_refuses_a_larger_rank(tmp_path):
+    import json
+
+    source = bundled.path("smollm2-135m-drafter")
+    config = json.loads((source / "adapter_config.json").read_text())
+    with pytest.raises(ValueError, match="must be 1 to the adapter's rank"):
+        bundled.bundle_drafter(source, "wide", out=tmp_path, rank=config["r"] + 1)
+    folder = bundled.bundle_drafter(source, "narrow", out=tmp_path, rank=4)
+    narrow = json.loads((folder / "adapter_config.json").read_text())
+    assert narrow["r"] == 4 and narrow["lora_alpha"] / 4 == config["lora_alpha"] / config["r"]
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "adapter_model.safetensors")
+    assert all(w.shape[0] == 4 for k, w in weights.items() if "lora_A" in k)
+    assert all(w.shape[1] == 4 for k, w in weights.items() if "lora_B" in k)
+
+
 def test_none_options_fall_back_to_the_generation_config():
     """`speculative_width=None` (as a benchmark passes it) means the checkpoint's width, not the largest one;
     that width belongs to the config's own assistant_mode, other modes keep their defaults."""

@@ -3,7 +3,7 @@ AR and bare forwards (`tools.bench.curve.measure`, one thread, interleaved), wit
 does (`rows`: a bool row tensor, every row computed), computed on the proposal tail only (`start`: the steady call's
 proposal start is constant, rows // 2), or not at all (`noadapter`).
 
-    OMP_NUM_THREADS=1 python docs/experiments/adapter_tail.py rows 40
+    OMP_NUM_THREADS=1 python docs/experiments/adapter_tail.py rows 40 [MODEL: a bundled name or adapter folder]
 
 Measured 2026-12-03 (run one at a time; two side by side share the memory bus): `rows` W = 3 (8 rows) 1.207x AR,
 W = 5 (12 rows) 1.436x; `start` 1.210x and 1.483x, so the tail slice saves nothing. The bare forward costs the same
@@ -19,7 +19,7 @@ from hf_packed_ss.tools.loading import load_model
 
 torch.set_num_threads(1)
 mode = sys.argv[1]
-model, tok = load_model("smollm2-135m-drafter", torch.bfloat16)
+model, tok = load_model(sys.argv[3] if len(sys.argv) > 3 else "smollm2-135m-drafter", torch.bfloat16)
 if mode == "noadapter":
     orig = fw._Compiled.compiled
     def compiled(self, *inputs, rows, start):

@@ -128,13 +128,15 @@ def learning_curve(run: Path, seen: frozenset = frozenset()) -> list[dict]:
 
 
 def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path | None = None,
-                   targets: list[str] | None = None) -> Path:
+                   targets: list[str] | None = None, rank: int | None = None) -> Path:
     """Copy a trained drafter run (PEFT adapter in bfloat16 + MASK embedding) to `out / name`, with the base
     model's tokenizer (so the folder is complete on the Hub), the Hub id of the base in `adapter_config.json`,
     and `width` in the generation config if given. `targets` keeps the adapters of those projections only (e.g.
     the q/k/v and gate/up ones): each projection that keeps an adapter is a matmul pair in every proposal call, so
-    a pruned drafter is cheaper per call, at whatever tokens/NFE it keeps (chosen on dev prompts). `run` may be a
-    bundled folder itself (`out` elsewhere). `out` is required, as for `bundle`; returns `out / name`."""
+    a pruned drafter is cheaper per call, at whatever tokens/NFE it keeps (chosen on dev prompts). `rank` keeps the
+    best rank-`rank` approximation of each projection's update (truncated SVD, the scale kept): a compiled call
+    reads every adapter weight, so half the rank is half those bytes. `run` may be a bundled folder itself (`out`
+    elsewhere). `out` is required, as for `bundle`; returns `out / name`."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -146,6 +148,8 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
     if targets is not None and (not targets or set(targets) - set(config["target_modules"])):
         raise ValueError(f"targets {sorted(set(targets) - set(config['target_modules'])) or targets} are not among "
                          f"the adapter's projections {sorted(config['target_modules'])}; name one or more of those.")
+    if rank is not None and not 0 < rank <= config["r"]:
+        raise ValueError(f"rank {rank} must be 1 to the adapter's rank {config['r']}.")
     out.mkdir(parents=True, exist_ok=True)
     for file in ("mask_embedding.safetensors", "generation_config.json", "training_args.json"):
         shutil.copy2(Path(run) / file, out / file)
@@ -153,6 +157,10 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
     if targets is not None:  # keys end in <projection>.lora_A.weight / .lora_B.weight
         adapter = {k: v for k, v in adapter.items() if k.split(".")[-3] in targets}
         config["target_modules"] = sorted(targets)
+    if rank is not None and rank < config["r"]:
+        adapter = truncate_rank(adapter, rank)
+        config["lora_alpha"] = config["lora_alpha"] * rank / config["r"]  # the same alpha / r scale
+        config["r"] = rank
     save_file({k: v.to(torch.bfloat16) for k, v in adapter.items()}, out / "adapter_model.safetensors",
               metadata={"format": "pt"})
     config["base_model_name_or_path"] = smollm2.HUB_ID
@@ -163,6 +171,20 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
         generation.speculative_width = width
         generation.save_pretrained(out)
     return out
+
+
+def truncate_rank(adapter: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """Each LoRA pair (`lora_A` r x in, `lora_B` out x r) replaced by the rank-`rank` pair whose product is the best
+    approximation of B @ A (Eckart-Young: its top singular vectors, the singular values split evenly)."""
+    truncated = dict(adapter)
+    for key in adapter:
+        if key.endswith("lora_A.weight"):
+            b_key = key.replace("lora_A", "lora_B")
+            u, s, vh = torch.linalg.svd(adapter[b_key].double() @ adapter[key].double(), full_matrices=False)
+            root = s[:rank].sqrt()
+            truncated[b_key] = (u[:, :rank] * root).to(adapter[b_key].dtype).contiguous()
+            truncated[key] = (root[:, None] * vh[:rank]).to(adapter[key].dtype).contiguous()
+    return truncated
 
 
 def build_random(data: Path, out: Path | None = None, seed: int = 0) -> None:

@@ -1,6 +1,6 @@
 """Refresh a bundled checkpoint, written only into the folder given as --out.
 
-``python -m hf_packed_ss.bundled --out FOLDER [DATA] [--run RUN --name NAME [--drafter [--targets P ...]]
+``python -m hf_packed_ss.bundled --out FOLDER [DATA] [--run RUN --name NAME [--drafter [--targets P ...] [--rank R]]
 [--width W]]``.
 Without ``--run`` it rebuilds `tiny-nemotron-random` from a GSM8K train file (the optional positional DATA);
 with ``--run RUN --name NAME`` it copies a trained run (``--drafter``: a drafter adapter run) as NAME. Either
@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", nargs="+", default=None, metavar="PROJ",
                    help="--drafter: keep only these projections' adapters (e.g. q_proj k_proj v_proj gate_proj "
                         "up_proj); default: all")
+    p.add_argument("--rank", type=int, default=None,
+                   help="--drafter: keep each adapter's best rank-R approximation (truncated SVD); default: as trained")
     return p
 
 
@@ -41,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.run is None:
-        if args.drafter or args.width is not None or args.targets is not None:
-            p.error("--drafter, --width and --targets apply to --run")
+        if args.drafter or args.width is not None or args.targets is not None or args.rank is not None:
+            p.error("--drafter, --width, --targets and --rank apply to --run")
         data = args.data or gsm8k_split("train")
         if not data.is_file():
             p.error(f"GSM8K train file not found at {data}: pass it as DATA or set the folder in {GSM8K_HELP}")
@@ -55,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("DATA applies to the rebuild of the random checkpoint, not to --run")
         name = args.name
         if args.drafter:
-            bundle_drafter(args.run, name, args.width, out=args.out, targets=args.targets)
-        elif args.targets is not None:
-            p.error("--targets applies to a drafter run (--drafter)")
+            bundle_drafter(args.run, name, args.width, out=args.out, targets=args.targets, rank=args.rank)
+        elif args.targets is not None or args.rank is not None:
+            p.error("--targets and --rank apply to a drafter run (--drafter)")
         else:
             bundle(args.run, name, args.width, out=args.out)
     print(args.out / name)
