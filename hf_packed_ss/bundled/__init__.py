@@ -134,9 +134,9 @@ def bundle_drafter(run: Path, name: str, width: int | None = None, *, out: Path 
     and `width` in the generation config if given. `targets` keeps the adapters of those projections only (e.g.
     the q/k/v and gate/up ones): each projection that keeps an adapter is a matmul pair in every proposal call, so
     a pruned drafter is cheaper per call, at whatever tokens/NFE it keeps (chosen on dev prompts). `rank` keeps the
-    best rank-`rank` approximation of each projection's update (truncated SVD, the scale kept): a compiled call
-    reads every adapter weight, so half the rank is half those bytes. `run` may be a bundled folder itself (`out`
-    elsewhere). `out` is required, as for `bundle`; returns `out / name`."""
+    best rank-`rank` approximation of each projection's update (truncated SVD, the scale kept): half the rank is
+    half the file (a compiled CPU call costs the same at rank 32 and 64, docs/results.md). `run` may be a bundled
+    folder itself (`out` elsewhere). `out` is required, as for `bundle`; returns `out / name`."""
     import shutil
 
     from safetensors.torch import load_file, save_file
