@@ -167,8 +167,8 @@ def measure_widths(model, tokenizer, questions: list[str], schedules: list[str],
     """`measure` at each width: every schedule at the first, the speculative ones again at each later width
     (keys `mode@W`). Each row records its `mode` and `width` (0 for a schedule that does not draft)."""
     report: dict = {}
+    speculative = [m for m in schedules if {**WINDOW_SCHEDULES, **SCHEDULES}[m].speculative]
     for i, width in enumerate(widths):
-        speculative = [m for m in schedules if {**WINDOW_SCHEDULES, **SCHEDULES}[m].speculative]
         part = measure(model, tokenizer, questions, schedules if i == 0 else speculative, width, **kwargs)
         for mode, r in part.items():
             report[mode if i == 0 else f"{mode}@{width}"] = {**r, "mode": mode,
