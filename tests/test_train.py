@@ -149,6 +149,13 @@ def test_resume_continues_the_same_run(tmp_path, monkeypatch):
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
     assert (tmp_path / "b" / "model.safetensors").is_file() and (tmp_path / "b" / "generation_config.json").is_file()
+    # the loss log and each command's arguments survive the resume (a fresh run in the same folder starts over)
+    logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
+    assert logged == [2, 4]
+    state = torch.load(tmp_path / "b" / "trainer_state.pt", weights_only=False)
+    assert [stage["steps"] for stage in state["stages"]] == [2, 4]
+    train_module.train(TrainConfig(out=str(tmp_path / "b"), **{**fields, "steps": 2}), log=lambda *_: None)
+    assert [json.loads(line)["step"] for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()] == [2]
 
 
 def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path):

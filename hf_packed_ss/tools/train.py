@@ -31,7 +31,8 @@ writes a share of examples in other prompt formats (bare question, ``Q:``/``A:``
 blocks of every width W; ``--eval-every N`` records the learning curve (``OUT/curve.jsonl``).
 
 A run writes ``trainer_state.pt`` (weights, optimizer, step, RNG) every ``--save-every`` steps; ``--resume``
-continues from it with the same data order. The last step writes a Hub-style folder (safetensors,
+continues from it with the same data order. Every 20th step's losses go to stdout and ``OUT/train_log.jsonl``
+(kept across resumes). The last step writes a Hub-style folder (safetensors,
 config, tokenizer, generation_config).
 """
 
@@ -505,8 +506,9 @@ def prepare_drafter(cfg: TrainConfig):
     return tokenizer, examples, model, embedding
 
 
-def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path) -> None:
-    """The adapter folder: PEFT files, `mask_embedding.safetensors`, generation config, arguments."""
+def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path, stages: list[dict] | None = None) -> None:
+    """The adapter folder: PEFT files, `mask_embedding.safetensors`, generation config, arguments (with every
+    command's arguments under "stages" when the run was resumed with other ones, so the folder alone reproduces it)."""
     from safetensors.torch import save_file
 
     model.save_pretrained(out)
@@ -515,7 +517,10 @@ def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path) -> No
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id, max_new_tokens=128,
                      do_sample=False, assistant_mode="packed_ss", speculative_width=cfg.block_size - 1,
                      ).save_pretrained(out)
-    (out / "training_args.json").write_text(json.dumps(asdict(cfg), indent=2))
+    args = asdict(cfg)
+    if stages and any(stage != args for stage in stages):
+        args["stages"] = stages
+    (out / "training_args.json").write_text(json.dumps(args, indent=2))
 
 
 def train(cfg: TrainConfig, resume: bool = False, log=print):
@@ -543,8 +548,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
             return sample_batch(stream, cfg, gen)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if cfg.format == "drafter" else 0.1)
     gen = torch.Generator().manual_seed(cfg.seed)
-    step = 0
-    state_file = out / "trainer_state.pt"
+    step, stages = 0, []
+    state_file, log_file = out / "trainer_state.pt", out / "train_log.jsonl"
     trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
     if cfg.format == "drafter":
         trainable["mask_embedding.delta"] = embedding.delta
@@ -555,8 +560,11 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
                 trainable[k].data.copy_(v)
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
-        step = state["step"]
+        step, stages = state["step"], state.get("stages", [state["config"]])
         log(f"resumed at step {step}")
+    elif log_file.is_file():
+        log_file.unlink()  # a fresh run's log starts empty; a resumed run's continues
+    stages = [*stages, asdict(cfg)]
     loss_fn = LOSSES[cfg.format]
     if cfg.format != "drafter":
         loss_fn = with_unlikelihood(loss_fn, negatives, cfg, tokenizer.pad_token_id)
@@ -575,15 +583,18 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
             if step % 20 == 0 or step == cfg.steps:
                 rate = (time.perf_counter() - tic) / 20
                 tic = time.perf_counter()
-                log(json.dumps({"step": step, **{k: round(v, 4) for k, v in parts.items()},
-                                "lr": round(learning_rate(step, cfg), 6), "s_per_step": round(rate, 3)}))
+                row = json.dumps({"step": step, **{k: round(v, 4) for k, v in parts.items()},
+                                  "lr": round(learning_rate(step, cfg), 6), "s_per_step": round(rate, 3)})
+                log(row)
+                with log_file.open("a") as f:
+                    f.write(row + "\n")
             if step % cfg.save_every == 0 or step == cfg.steps:
                 state = {k: v.detach() for k, v in trainable.items()}
                 torch.save({"model": state, "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                            "step": step, "config": asdict(cfg)}, state_file)
+                            "step": step, "config": asdict(cfg), "stages": stages}, state_file)
     model.eval()
     if cfg.format == "drafter":
-        save_drafter(model, embedding, tokenizer, cfg, out)
+        save_drafter(model, embedding, tokenizer, cfg, out, stages)
     else:
         save(model, tokenizer, cfg, out)
     return model, tokenizer
@@ -679,7 +690,7 @@ def export_drafter(run: Path) -> Path:
         for k, v in trainable.items():
             v.copy_(state["model"][k])
     out = Path(run) / f"step-{state['step']}"
-    save_drafter(model, embedding, AutoTokenizer.from_pretrained(folder), cfg, out)
+    save_drafter(model, embedding, AutoTokenizer.from_pretrained(folder), cfg, out, state.get("stages"))
     return out
 
 
