@@ -562,9 +562,10 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
         gen.set_state(state["generator"])
         step, stages = state["step"], state.get("stages", [state["config"]])
         log(f"resumed at step {step}")
-    elif log_file.is_file():
-        log_file.unlink()  # a fresh run's log starts empty; a resumed run's continues
-    stages = [*stages, asdict(cfg)]
+    # the loss log up to the step this run starts from: a resumed run's continues, a fresh run's starts empty
+    rows = log_file.read_text().splitlines() if log_file.is_file() else []
+    log_file.write_text("".join(r + "\n" for r in rows if json.loads(r)["step"] <= step))
+    stages = stages if stages and stages[-1] == asdict(cfg) else [*stages, asdict(cfg)]
     loss_fn = LOSSES[cfg.format]
     if cfg.format != "drafter":
         loss_fn = with_unlikelihood(loss_fn, negatives, cfg, tokenizer.pad_token_id)
