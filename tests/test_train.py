@@ -156,6 +156,12 @@ def test_resume_continues_the_same_run(tmp_path, monkeypatch):
     assert [stage["steps"] for stage in state["stages"]] == [2, 4]
     train_module.train(TrainConfig(out=str(tmp_path / "b"), **{**fields, "steps": 2}), log=lambda *_: None)
     assert [json.loads(line)["step"] for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()] == [2]
+    # `until` stops a run part-way with the learning rate still scheduled over all its steps (a later stage resumes)
+    train_module.train(TrainConfig(out=str(tmp_path / "c"), **fields), log=lambda *_: None, until=3)
+    assert torch.load(tmp_path / "c" / "trainer_state.pt", weights_only=False)["step"] == 3
+    resumed, _ = train_module.train(TrainConfig(out=str(tmp_path / "c"), **fields), resume=True, log=lambda *_: None)
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_base_answers_are_the_base_models_own_greedy_answers_and_resume(tmp_path):

@@ -523,8 +523,9 @@ def save_drafter(model, embedding, tokenizer, cfg: TrainConfig, out: Path, stage
     (out / "training_args.json").write_text(json.dumps(args, indent=2))
 
 
-def train(cfg: TrainConfig, resume: bool = False, log=print):
-    """Run (or continue) training; returns the model and tokenizer."""
+def train(cfg: TrainConfig, resume: bool = False, log=print, until: int | None = None):
+    """Run (or continue) training; returns the model and tokenizer. `until` stops after that step with the learning
+    rate still scheduled over `cfg.steps` (a stage that a later `resume` with other arguments continues)."""
     from ..models.lora import proposal_only_adapters
 
     if cfg.threads:
@@ -575,13 +576,14 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
     model.train()
     tic = time.perf_counter()
     with proposal_only_adapters(model.get_base_model() if cfg.format == "drafter" else model):
-        while step < cfg.steps:
+        last = min(cfg.steps, until or cfg.steps)
+        while step < last:
             parts = _step(model, loss_fn, batch(gen), cfg, gen, opt, params, step)
             step += 1
             if curve is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 curve.point(model, step, log)
                 tic = time.perf_counter()
-            if step % 20 == 0 or step == cfg.steps:
+            if step % 20 == 0 or step == last:
                 rate = (time.perf_counter() - tic) / 20
                 tic = time.perf_counter()
                 row = json.dumps({"step": step, **{k: round(v, 4) for k, v in parts.items()},
@@ -589,7 +591,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print):
                 log(row)
                 with log_file.open("a") as f:
                     f.write(row + "\n")
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            if step % cfg.save_every == 0 or step == last:
                 state = {k: v.detach() for k, v in trainable.items()}
                 torch.save({"model": state, "optimizer": opt.state_dict(), "generator": gen.get_state(),
                             "step": step, "config": asdict(cfg), "stages": stages}, state_file)
@@ -656,15 +658,17 @@ def main(argv: list[str] | None = None) -> None:
     for name, value in asdict(TrainConfig()).items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value, help=HELP.get(name))
     parser.add_argument("--resume", action="store_true", help="continue from OUT/trainer_state.pt")
+    parser.add_argument("--until", type=int, default=None, help="stop after this step, the learning rate still "
+                        "scheduled over --steps (a later --resume, with other arguments, continues the run)")
     parser.add_argument("--export", action="store_true", help="drafter only: write OUT/trainer_state.pt's weights "
                         "(the last checkpoint of a running or stopped run) as an adapter folder OUT/step-N, no "
                         "training")
     args = vars(parser.parse_args(argv))
-    resume, export = args.pop("resume"), args.pop("export")
+    resume, export, until = args.pop("resume"), args.pop("export"), args.pop("until")
     if export:
         print(export_drafter(Path(args["out"])))
         return
-    train(TrainConfig(**args), resume=resume)
+    train(TrainConfig(**args), resume=resume, until=until)
 
 
 def export_drafter(run: Path) -> Path:
