@@ -3,7 +3,7 @@ AR and bare forwards (`tools.bench.curve.measure`, one thread, interleaved), wit
 does (`rows`: a bool row tensor, every row computed), computed on the proposal tail only (`start`: the steady call's
 proposal start is constant, rows // 2), or not at all (`noadapter`).
 
-    OMP_NUM_THREADS=1 python docs/experiments/adapter_tail.py rows 40 [MODEL: a bundled name or adapter folder]
+    OMP_NUM_THREADS=1 python docs/experiments/adapter_tail.py rows 40 [MODEL: bundled name or folder] [WIDTHS: 3,4,5]
 
 Measured 2026-12-03 (run one at a time; two side by side share the memory bus): `rows` W = 3 (8 rows) 1.207x AR,
 W = 5 (12 rows) 1.436x; `start` 1.210x and 1.483x, so the tail slice saves nothing. The bare forward costs the same
@@ -41,7 +41,9 @@ if mode == "start":
 kw = {"backend": "inductor", "dynamic": False, "options": {"freezing": True}, "fullgraph": False}
 text = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests.\n" * 8
 prompt = tok(text, return_tensors="pt").input_ids[0]
-r = measure(model, prompt, [1, 8, 10, 12], [3, 4, 5], kw, iters=int(sys.argv[2]) if len(sys.argv) > 2 else 40)
+widths = [int(w) for w in sys.argv[4].split(",")] if len(sys.argv) > 4 else [3, 4, 5]
+rows = sorted({1, 8, *(2 * w + 2 for w in widths)})  # bare forwards of AR's and each Packed-SS call's rows
+r = measure(model, prompt, rows, widths, kw, iters=int(sys.argv[2]) if len(sys.argv) > 2 else 40)
 print(mode, r)
 ar = r["ar_ms"]
 for n, ms in r["packed_ms"].items():
